@@ -1,0 +1,17 @@
+"""jaxfn: R torch's ``autograd_function`` (and PyTorch's ``autograd.Function``) on JAX."""
+
+from ._context import Context as Context
+from ._errors import AutogradFunctionError as AutogradFunctionError
+from ._errors import GradcheckError as GradcheckError
+from ._function import AutogradFunction as AutogradFunction
+from ._function import Function as Function
+from ._function import autograd_function as autograd_function
+
+__all__ = [
+    "AutogradFunction",
+    "AutogradFunctionError",
+    "Context",
+    "Function",
+    "GradcheckError",
+    "autograd_function",
+]

@@ -1,0 +1,154 @@
+"""Checking what backward returns, and turning it into one cotangent per array leaf."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from ._arguments import DIFF, STATIC, Arguments
+from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, prefix, raise_all
+
+_FORMS = (
+    "backward must return a dict keyed by parameter name, a tuple/list with one entry per "
+    "parameter, a bare array (one-parameter functions only), or None"
+)
+
+
+def by_parameter(function: str, names: tuple[str, ...], returned: Any) -> dict[str, Any]:
+    """Backward's return value as {parameter name: gradient pytree or None}."""
+    if returned is None:
+        return {}
+    if isinstance(returned, Mapping) and (len(names) != 1 or set(returned) <= set(names)):
+        unknown = [key for key in returned if key not in names]
+        if unknown:
+            raise AutogradFunctionTypeError(
+                f"{prefix(function)}: backward returned gradients for {', '.join(map(repr, unknown))}, "
+                f"but the parameters of '{function}' are {', '.join(map(repr, names))}."
+            )
+        return dict(returned)
+    if isinstance(returned, (tuple, list)) and (len(names) != 1 or len(returned) == 1):
+        if len(returned) != len(names):
+            raise AutogradFunctionTypeError(
+                f"{prefix(function)}: backward returned {len(returned)} gradients, but '{function}' has "
+                f"{len(names)} parameters ({', '.join(names)}); return one entry per parameter "
+                "(None for no gradient), or a dict keyed by name."
+            )
+        return dict(zip(names, returned))
+    if len(names) == 1:
+        return {names[0]: returned}
+    raise AutogradFunctionTypeError(
+        f"{prefix(function)}: {_FORMS}, but it returned a {type(returned).__name__} "
+        f"for a function with {len(names)} parameters ({', '.join(names)})."
+    )
+
+
+def to_cotangents(
+    function: str, args: Arguments, grads: dict[str, Any], avals: list[Any], wanted: list[bool]
+) -> list[Any]:
+    """One cotangent (or None) per array leaf of ``args``, checked against its input.
+
+    ``avals[i]`` is the shape and dtype of the i-th array leaf and ``wanted[i]`` whether JAX
+    differentiates it; gradients for the others are checked but dropped, so cost nothing.
+    """
+    per_leaf: list[Any] = [None] * len(args.kinds)
+    problems: list[tuple[type, str]] = []
+    for position, name in enumerate(args.names):
+        if grads.get(name) is not None:
+            _spread(function, args, position, grads[name], per_leaf, problems)
+    leaves = [i for i, kind in enumerate(args.kinds) if kind != STATIC]
+    cotangents = []
+    for leaf, aval, want in zip(leaves, avals, wanted):
+        grad = per_leaf[leaf]
+        if grad is None or args.kinds[leaf] != DIFF:
+            cotangents.append(None)
+            continue
+        checked = _check_leaf(function, args.paths[leaf], grad, aval, problems)
+        cotangents.append(checked if want else None)
+    raise_all(problems)
+    return cotangents
+
+
+def _spread(function: str, args: Arguments, position: int, grad: Any, per_leaf: list[Any], problems: list[tuple[type, str]]) -> None:
+    """Put the gradient pytree of one parameter into ``per_leaf``, matching its structure."""
+    name = args.names[position]
+    leaf_ids = [i for i, owner in enumerate(args.owners) if owner == position]
+    template = jax.tree_util.tree_unflatten(args.treedef.children()[position], leaf_ids)
+
+    def place(g: Any, ids: Any) -> None:
+        if g is None or isinstance(g, SymbolicZero):
+            return
+        if not isinstance(ids, int):
+            n = len(jax.tree_util.tree_leaves(ids))
+            problems.append(
+                (AutogradFunctionTypeError, f"backward of '{function}' returned a single {type(g).__name__} for '{name}', "
+                f"but that part of '{name}' is a pytree with {n} leaves; return a gradient of the same structure.")
+            )
+        elif args.kinds[ids] == STATIC:
+            problems.append(
+                (AutogradFunctionTypeError, f"backward of '{function}' returned a gradient for '{args.paths[ids]}', but it is a static "
+                f"argument (a {type(args.statics[ids]).__name__}), not an array, so it can't have one; return "
+                f"None for it, or pass a floating-point jnp array to make it differentiable.")
+            )
+        else:
+            per_leaf[ids] = g
+
+    try:
+        jax.tree_util.tree_map(place, grad, template, is_leaf=lambda x: x is None or isinstance(x, SymbolicZero))
+    except (ValueError, TypeError) as err:
+        problems.append(
+            (AutogradFunctionTypeError, f"backward of '{function}' returned a gradient for '{name}' with pytree structure "
+            f"{jax.tree_util.tree_structure(grad)}, but '{name}' has structure "
+            f"{jax.tree_util.tree_structure(template)}; return the same structure (None for no gradient).")
+        )
+
+
+def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: list[tuple[type, str]]) -> Any:
+    """The gradient of one input leaf, summed to its shape and cast to its dtype; or None."""
+    if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
+        problems.append(
+            (AutogradFunctionTypeError, f"backward of '{function}' returned a {type(grad).__name__} as the gradient for '{where}', "
+            "but a gradient must be an array (or None).")
+        )
+        return None
+    grad = jnp.asarray(grad)
+    shape, dtype = tuple(primal.shape), primal.dtype
+    got = f"backward of '{function}' returned a gradient for '{where}' with"
+    if not jnp.issubdtype(grad.dtype, jnp.inexact):
+        problems.append((AutogradFunctionTypeError, f"{got} dtype {grad.dtype}, but '{where}' has dtype {dtype}; a gradient must be floating-point."))
+        return None
+    if jnp.issubdtype(grad.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        problems.append(
+            (AutogradFunctionTypeError, f"{got} complex dtype {grad.dtype}, but '{where}' is real ({dtype}); "
+            "return the real part (jnp.real) if that is the gradient you mean.")
+        )
+        return None
+    if grad.shape != shape:
+        if not _broadcasts_to(shape, grad.shape):
+            problems.append(
+                (AutogradFunctionValueError, f"{got} shape {grad.shape}, but '{where}' has shape {shape}, so the shapes do not match "
+                f"(and {shape} does not broadcast to {grad.shape}).")
+            )
+            return None
+        grad = _sum_to_shape(grad, shape)
+    return grad if grad.dtype == dtype else grad.astype(dtype)
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == tuple(target)
+    except ValueError:
+        return False
+
+
+def _sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
+    """Sum a broadcast gradient down to the input's shape, as PyTorch does."""
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, size in enumerate(shape) if size == 1 and grad.shape[lead + i] != 1
+    )
+    return grad.sum(axis=axes).reshape(shape)
