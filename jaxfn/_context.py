@@ -231,19 +231,27 @@ class Context:
     def to_residuals(self) -> tuple[list[Any], tuple[Any, ...]]:
         """What the context holds, split into JAX arrays (residuals) and a static remainder."""
         state = self._jaxfn
-        leaves, treedef = jax.tree_util.tree_flatten((state["positional"], state["named"], state["attrs"]))
+        names = (tuple(state["named"]), tuple(state["attrs"]))  # in the user's order (JAX sorts dicts)
+        held = (state["positional"], tuple(state["named"].values()), tuple(state["attrs"].values()))
+        leaves, treedef = jax.tree_util.tree_flatten(held)
         is_array = tuple(isinstance(leaf, jax.Array) for leaf in leaves)
         arrays = [leaf for leaf, array in zip(leaves, is_array) if array]
         statics = [None if array else leaf for leaf, array in zip(leaves, is_array)]
-        return arrays, (state["function"], state["needs"], state["materialize"], treedef, is_array, statics)
+        return arrays, (state["function"], state["needs"], state["materialize"], names, treedef, is_array, statics)
 
     @classmethod
     def from_residuals(cls, arrays: list[Any], static: tuple[Any, ...]) -> Context:
         """The backward-side context, rebuilt from ``to_residuals``'s two parts."""
-        function, needs, materialize, treedef, is_array, statics = static
+        function, needs, materialize, (named_keys, attr_keys), treedef, is_array, statics = static
         arrays_iter = iter(arrays)
         leaves = [next(arrays_iter) if array else leaf for leaf, array in zip(statics, is_array)]
         positional, named, attrs = jax.tree_util.tree_unflatten(treedef, leaves)
         ctx = cls(function, needs)
-        ctx._jaxfn.update(in_forward=False, positional=positional, named=named, attrs=attrs, materialize=materialize)
+        ctx._jaxfn.update(
+            in_forward=False,
+            positional=positional,
+            named=dict(zip(named_keys, named)),
+            attrs=dict(zip(attr_keys, attrs)),
+            materialize=materialize,
+        )
         return ctx

@@ -42,7 +42,7 @@ def by_parameter(function: str, names: tuple[str, ...], returned: Any) -> dict[s
     if len(names) == 1:
         return {names[0]: returned}
     raise AutogradFunctionTypeError(
-        f"{prefix(function)}: {_FORMS}, but it returned a {type(returned).__name__} "
+        f"{prefix(function)}: {_FORMS}, but it returned {describe(returned)} "
         f"for a function with {len(names)} parameters ({', '.join(names)})."
     )
 
@@ -85,7 +85,7 @@ def _spread(function: str, args: Arguments, position: int, grad: Any, per_leaf: 
         if not isinstance(ids, int):
             n = len(jax.tree_util.tree_leaves(ids))
             problems.append(
-                (AutogradFunctionTypeError, f"backward of '{function}' returned a single {type(g).__name__} for '{name}', "
+                (AutogradFunctionTypeError, f"backward of '{function}' returned {describe(g)} for '{name}', "
                 f"but that part of '{name}' is a pytree with {n} leaves; return a gradient of the same structure.")
             )
         elif args.kinds[ids] == STATIC:
@@ -98,6 +98,7 @@ def _spread(function: str, args: Arguments, position: int, grad: Any, per_leaf: 
             per_leaf[ids] = g
 
     try:
+        grad = _fill_missing_keys(grad, template)
         jax.tree_util.tree_map(place, grad, template, is_leaf=lambda x: x is None or isinstance(x, SymbolicZero))
     except (ValueError, TypeError) as err:
         problems.append(
@@ -107,11 +108,25 @@ def _spread(function: str, args: Arguments, position: int, grad: Any, per_leaf: 
         )
 
 
+def _fill_missing_keys(grad: Any, template: Any) -> Any:
+    """A dict gradient with the keys its input has and it lacks filled with None (no gradient)."""
+    if isinstance(grad, dict) and isinstance(template, dict) and set(grad) <= set(template):
+        return {key: _fill_missing_keys(grad.get(key), sub) for key, sub in template.items()}
+    return grad
+
+
+def describe(value: Any) -> str:
+    """A value as messages name it: 'an array of shape (3,) and dtype float32', 'a str'."""
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
 def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: list[tuple[type, str]]) -> Any:
     """The gradient of one input leaf, summed to its shape and cast to its dtype; or None."""
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
         problems.append(
-            (AutogradFunctionTypeError, f"backward of '{function}' returned a {type(grad).__name__} as the gradient for '{where}', "
+            (AutogradFunctionTypeError, f"backward of '{function}' returned {describe(grad)} as the gradient for '{where}', "
             "but a gradient must be an array (or None).")
         )
         return None
