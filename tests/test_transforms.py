@@ -1,0 +1,165 @@
+"""jaxfn functions inside vmap, scan, checkpoint, nested calls, and higher-order derivatives."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.test_util import check_grads
+from seeds import linear, my_relu, plain_linear_free  # noqa: F401  (see seeds.py)
+
+import jaxfn
+
+
+def _sin_forward(ctx, x):
+    ctx.save_for_backward(x=x)
+    return jnp.sin(x)
+
+
+def _sin_backward(ctx, g):
+    return g * jnp.cos(ctx.saved_variables.x)
+
+
+my_sin = jaxfn.autograd_function(_sin_forward, _sin_backward, name="my_sin")
+X = jnp.array([0.1, 0.7, -1.3])
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0, 0), (0, None, None), (None, 0, None), (None, None, 0)])
+def test_vmap_all_or_some_arguments(maybe_jit, in_axes):
+    k = jax.random.split(jax.random.key(3), 3)
+    xs, ws, bs = jax.random.normal(k[0], (6, 5, 3)), jax.random.normal(k[1], (6, 4, 3)), jax.random.normal(k[2], (6, 4))
+    args = [a if ax == 0 else a[0] for a, ax in zip((xs, ws, bs), in_axes)]
+
+    def loss(f):
+        return lambda x, w, b: (f(x, w, b) ** 2).sum()
+
+    got = maybe_jit(jax.vmap(jax.grad(loss(linear), (0, 1, 2)), in_axes))(*args)
+    want = jax.vmap(jax.grad(loss(plain_linear_free), (0, 1, 2)), in_axes)(*args)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-10)
+    out = jax.vmap(linear, in_axes)(*args)
+    np.testing.assert_allclose(out, jax.vmap(plain_linear_free, in_axes)(*args), rtol=1e-12)
+
+
+def test_reverse_over_reverse(maybe_jit):
+    np.testing.assert_allclose(maybe_jit(jax.grad(jax.grad(my_sin)))(0.4), -jnp.sin(0.4), rtol=1e-12)
+    hess = maybe_jit(jax.jacrev(jax.grad(lambda x: my_sin(x).sum())))(X)
+    np.testing.assert_allclose(hess, jnp.diag(-jnp.sin(X)), rtol=1e-12, atol=1e-15)
+    check_grads(my_sin, (X,), order=2, modes=["rev"])
+
+
+def test_forward_over_reverse():
+    np.testing.assert_allclose(jax.hessian(lambda x: my_sin(x).sum())(X), jnp.diag(-jnp.sin(X)), atol=1e-15)
+    _, tangent = jax.jvp(jax.grad(lambda x: my_sin(x).sum()), (X,), (jnp.ones(3),))
+    np.testing.assert_allclose(tangent, -jnp.sin(X), rtol=1e-12)
+
+
+def test_scan(maybe_jit):
+    def step(f):
+        def body(carry, x):
+            carry = f(carry * x)
+            return carry, carry.sum()
+
+        return lambda c, xs: lax.scan(body, c, xs)[1].sum()
+
+    xs = jnp.linspace(0.5, 1.5, 4)[:, None] * jnp.ones((4, 3))
+    got = maybe_jit(jax.grad(step(my_sin), (0, 1)))(X, xs)
+    want = jax.grad(step(jnp.sin), (0, 1))(X, xs)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-10)
+
+
+def test_checkpoint(maybe_jit):
+    f = jax.checkpoint(lambda x: (my_relu(my_sin(x) * 3) ** 2).sum())
+    got = maybe_jit(jax.grad(f))(X)
+    np.testing.assert_allclose(got, jax.grad(lambda x: (jax.nn.relu(jnp.sin(x) * 3) ** 2).sum())(X), rtol=1e-12)
+
+
+def test_nested_functions():
+    """A jaxfn function called inside another's forward and backward."""
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x=x)
+        return my_sin(x) ** 2
+
+    def backward(ctx, g):
+        x = ctx.saved_variables.x
+        return g * 2 * my_sin(x) * jnp.cos(x)
+
+    sin2 = jaxfn.autograd_function(forward, backward, name="sin2")
+    got = jax.jit(jax.grad(lambda x: sin2(x).sum()))(X)
+    np.testing.assert_allclose(got, jax.grad(lambda x: (jnp.sin(x) ** 2).sum())(X), rtol=1e-12)
+    # and the outer backward is differentiable (reverse over reverse) through the inner function
+    hess = jax.jacrev(jax.grad(lambda x: sin2(x).sum()))(X)
+    np.testing.assert_allclose(hess, jax.hessian(lambda x: (jnp.sin(x) ** 2).sum())(X), rtol=1e-10, atol=1e-14)
+
+
+def test_class_style_function():
+    class MySin(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return jnp.sin(x)
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            return grad_output * jnp.cos(x)
+
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda x: MySin.apply(x).sum()))(X), jnp.cos(X), rtol=1e-12)
+
+    class Broken(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return "no"
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    with pytest.raises(jaxfn.AutogradFunctionError, match="'Broken': forward must return arrays"):
+        Broken.apply(X)
+
+    class NoMethods(jaxfn.Function):
+        pass
+
+    with pytest.raises(TypeError, match="'NoMethods': a jaxfn.Function subclass needs static methods"):
+        NoMethods.apply(X)
+
+
+SHARDED = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import sys; sys.path.insert(0, "tests")
+    from seeds import my_relu
+    assert jax.device_count() == 8, jax.devices()
+    kx, ky, k1, k2 = jax.random.split(jax.random.key(0), 4)
+    x, y = jax.random.normal(kx, (64, 100)), jax.random.normal(ky, (64, 10))
+    w1, w2 = jax.random.normal(k1, (100, 32)), jax.random.normal(k2, (32, 10))
+    loss = lambda w1, w2, x, y: ((my_relu(x @ w1) @ w2 - y) ** 2).sum()
+    grad = jax.jit(jax.grad(loss, (0, 1)))
+    single = grad(w1, w2, x, y)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    shard = NamedSharding(mesh, P("data"))
+    xs, ys = jax.device_put(x, shard), jax.device_put(y, shard)
+    sharded = grad(w1, w2, xs, ys)
+    assert len(xs.sharding.device_set) == 8
+    for a, b in zip(single, sharded):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
+    print("OK", float(jnp.abs(single[0] - sharded[0]).max()))
+    """
+)
+
+
+def test_data_parallel_jit_over_8_devices_matches_one_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=300,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("OK")
