@@ -4,6 +4,7 @@ from ._context import Context as Context
 from ._errors import AutogradFunctionError as AutogradFunctionError
 from ._errors import GradcheckError as GradcheckError
 from ._function import AutogradFunction as AutogradFunction
+from ._gradcheck import gradcheck as gradcheck
 from ._function import Function as Function
 from ._function import autograd_function as autograd_function
 
@@ -14,4 +15,5 @@ __all__ = [
     "Function",
     "GradcheckError",
     "autograd_function",
+    "gradcheck",
 ]
