@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal
 
-from . import _arguments, _gradients, _outputs
+from . import _arguments, _forward_mode, _gradients, _outputs
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, prefix
 
@@ -55,7 +55,8 @@ class AutogradFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         arguments = _arguments.split(_arguments.bind(self.name, self._signature, args, kwargs))
         try:
-            return self._build(arguments)(*arguments.arrays)
+            built = _forward_mode.build(self, arguments) if self.forward_mode else self._build(arguments)
+            return built(*arguments.arrays)
         except TypeError as err:
             if _JVP_REFUSAL in str(err):
                 raise AutogradFunctionTypeError(_FORWARD_MODE_HELP.format(name=prefix(self.name))) from err

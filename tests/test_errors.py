@@ -151,7 +151,7 @@ def test_backward_with_too_few_parameters():
             r"forward, but its signature is \(ctx, g\)", lambda: jax.grad(lambda x: f(x)[0].sum())(W))
 
 
-def test_forward_mode_error_names_function_and_fix():
+def test_default_mode_forward_error_names_function_and_fix():
     f = jaxfn.autograd_function(lambda ctx, x: jnp.sin(x), lambda ctx, g: g, name="my_sin")
     for transform in (lambda: jax.jvp(f, (W,), (W,)), lambda: jax.jacfwd(f)(W)):
         err = _raises(TypeError, r"'my_sin' was differentiated in forward mode.*forward_mode=True", transform)

@@ -1,0 +1,137 @@
+"""forward_mode=True: jvp, jacfwd and linearize from the same backward; reverse mode unchanged."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from seeds import linear_backward, linear_forward, plain_linear_free
+
+import jaxfn
+
+linear = jaxfn.autograd_function(linear_forward, linear_backward, name="linear", forward_mode=True)
+K = jax.random.split(jax.random.key(11), 4)
+X, W, B = jax.random.normal(K[0], (5, 3)), jax.random.normal(K[1], (4, 3)), jax.random.normal(K[2], (4,))
+
+
+def _close(got, want):
+    for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("argnums", [0, 1, 2, (0, 1, 2)])
+@pytest.mark.parametrize("jac", [jax.jacfwd, jax.jacrev], ids=["jacfwd", "jacrev"])
+def test_jacobians_match_plain_math(maybe_jit, jac, argnums):
+    _close(maybe_jit(jac(linear, argnums))(X, W, B), jac(plain_linear_free, argnums)(X, W, B))
+
+
+def test_jvp_and_linearize(maybe_jit):
+    tangents = (X * 0.3, W * -2.0, B)
+    _close(maybe_jit(lambda p, t: jax.jvp(linear, p, t))((X, W, B), tangents),
+           jax.jvp(plain_linear_free, (X, W, B), tangents))
+    _, f_lin = jax.linearize(lambda w: linear(X, w, B), W)
+    _close(f_lin(W), X @ W.T)
+
+
+def test_vmap_of_jvp():
+    xs = jax.random.normal(K[3], (7, 5, 3))
+    got = jax.vmap(lambda x: jax.jvp(lambda x: linear(x, W), (x,), (x,))[1])(xs)
+    _close(got, jax.vmap(lambda x: x @ W.T)(xs))
+
+
+def test_reverse_mode_runs_users_backward_straight_through():
+    called = []
+
+    def backward(ctx, g):
+        called.append(True)
+        return g
+
+    sign = jaxfn.autograd_function(lambda ctx, x: jnp.sign(x), backward, name="sign_ste", forward_mode=True)
+    x = jnp.array([-1.5, 0.3, 2.0])
+    np.testing.assert_allclose(jax.grad(lambda x: (sign(x) * x).sum())(x), x + jnp.sign(x))
+    np.testing.assert_allclose(jax.jvp(sign, (x,), (jnp.ones(3) * 2,))[1], [2.0, 2.0, 2.0])
+    assert called
+
+
+def test_hessian_and_second_order():
+    def forward(ctx, x):
+        ctx.save_for_backward(x=x)
+        return jnp.sin(x)
+
+    my_sin = jaxfn.autograd_function(forward, lambda ctx, g: g * jnp.cos(ctx.saved_variables.x), forward_mode=True)
+    x = jnp.array([0.2, -0.9])
+    _close(jax.hessian(lambda x: my_sin(x).sum())(x), jnp.diag(-jnp.sin(x)))
+    _close(jax.jacfwd(jax.jacfwd(my_sin))(x), jax.jacfwd(jax.jacfwd(jnp.sin))(x))
+
+
+def test_context_api_pytrees_keywords_several_and_non_differentiable_outputs():
+    flags = []
+
+    def forward(ctx, params, x, *, power=2):
+        ctx.power = power  # static
+        ctx.save_for_backward(params=params, x=x)
+        y = params["a"] * x**power
+        index = jnp.argmax(y)
+        scaled = y * 0 + 3.0
+        ctx.mark_non_differentiable(scaled)
+        return y, jnp.sum(params["b"]) * x, scaled, index
+
+    def backward(ctx, g_y, g_b, g_scaled, g_index):
+        flags.append(tuple(ctx.needs_input_grad))
+        s, p = ctx.saved_variables, ctx.power
+        return {
+            "params": {"a": (g_y * s.x**p).sum(), "b": jnp.full(s.params["b"].shape, (g_b * s.x).sum())},
+            "x": g_y * s.params["a"] * p * s.x ** (p - 1) + g_b * jnp.sum(s.params["b"]),
+        }
+
+    f = jaxfn.autograd_function(forward, backward, name="f", forward_mode=True)
+
+    def plain(params, x, power=2):
+        y = params["a"] * x**power
+        return y, jnp.sum(params["b"]) * x, y * 0 + 3.0
+
+    params = {"a": jnp.array(1.5), "b": jnp.array([0.5, -1.0])}
+    x = jnp.array([0.3, 0.8, -0.4])
+    got = jax.jacfwd(lambda p, x: f(p, x, power=3)[:3], (0, 1))(params, x)
+    want = jax.jacfwd(lambda p, x: plain(p, x, power=3), (0, 1))(params, x)
+    _close(got[:2], want[:2])  # y and the b-term; the marked output has zero tangents
+    _close(jax.jacfwd(lambda x: f(params, x)[2])(x), jnp.zeros((3, 3)))
+    _close(jax.grad(lambda x: f(params, x)[0].sum())(x), jax.grad(lambda x: plain(params, x)[0].sum())(x))
+    assert (False, True, False) in flags and (True, True, False) in flags
+
+
+def test_class_attribute():
+    class Cube(jaxfn.Function):
+        forward_mode = True
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3 * ctx.saved_tensors[0] ** 2
+
+    x = jnp.array([1.0, 2.0])
+    _close(jax.jacfwd(Cube.apply)(x), jnp.diag(3 * x**2))
+
+
+@pytest.mark.parametrize(
+    "backward, what",
+    [
+        (lambda ctx, g: jnp.ones(2), "does not depend on grad_output and is not zero"),
+        (lambda ctx, g: g**2, "transposing it failed"),
+        (lambda ctx, g: jnp.clip(g, -1, 1), "transposing it failed"),
+    ],
+    ids=["ignores", "squares", "clips"],
+)
+def test_backward_not_linear_in_grad_output_is_refused(backward, what):
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2, backward, name="clip_grad", forward_mode=True)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'clip_grad' has forward_mode=True, so its backward must "
+                       rf"be linear in grad_output.*{what}.*without forward_mode=True"):
+        jax.jvp(f, (jnp.ones(2),), (jnp.ones(2),))
+
+
+def test_zero_gradients_are_linear():
+    f = jaxfn.autograd_function(lambda ctx, x, y: x * 2 + y, lambda ctx, g: (g * 2, jnp.zeros(2)), forward_mode=True)
+    _close(jax.jvp(f, (jnp.ones(2), jnp.ones(2)), (jnp.ones(2), jnp.ones(2)))[1], jnp.full(2, 2.0))
