@@ -10,12 +10,13 @@ Only DIFF and ARRAY leaves are given to JAX; STATIC leaves stay on the Python si
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
 import jax
 import numpy as np
-from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
+from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from ._errors import AutogradFunctionTypeError, prefix
 
@@ -36,10 +37,21 @@ class Arguments:
     names: tuple[str, ...]  # forward's parameters, after the context
     treedef: Any  # of the tuple of all parameter values, in order
     kinds: tuple[str, ...]  # one per leaf
-    owners: tuple[int, ...]  # one per leaf: the position of its parameter
-    paths: tuple[str, ...]  # one per leaf: 'params['w']'-style, for messages
     statics: tuple[Any, ...]  # one per leaf: the value of a STATIC leaf, else None
     arrays: tuple[Any, ...]  # the values of the DIFF and ARRAY leaves, in leaf order
+
+    # Derived from the structure alone, and only when needed (not on the eager fast path).
+    @functools.cached_property
+    def owners(self) -> tuple[int, ...]:
+        """One per leaf: the position of its parameter."""
+        return tuple(i for i, child in enumerate(self.treedef.children()) for _ in range(child.num_leaves))
+
+    @functools.cached_property
+    def paths(self) -> tuple[str, ...]:
+        """One per leaf: 'params['w']'-style, for messages."""
+        skeleton = tree_unflatten(self.treedef, [None] * self.treedef.num_leaves)
+        with_paths, _ = tree_flatten_with_path(skeleton, is_leaf=lambda x: x is None)
+        return tuple(self.names[path[0].idx] + keystr(path[1:]) for path, _ in with_paths)
 
     def array_positions(self) -> list[int]:
         """The leaf index of each entry of ``arrays``."""
@@ -68,8 +80,24 @@ def context_parameter(function: Any) -> inspect.Parameter | None:
     return None
 
 
-def bind(name: str, signature: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Forward's parameters (after the context) bound to a call, defaults applied."""
+def positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    """Forward's parameter names after the context, if all are plain positional-or-keyword."""
+    parameters = list(signature.parameters.values())[1:]
+    if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters):
+        return tuple(p.name for p in parameters)
+    return None
+
+
+def bind(
+    name: str, signature: inspect.Signature, args: tuple, kwargs: dict, fast: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """Forward's parameters (after the context) bound to a call, defaults applied.
+
+    ``fast`` (from ``positional_names``) skips ``Signature.bind`` for the common call that
+    passes every parameter positionally.
+    """
+    if fast is not None and not kwargs and len(args) == len(fast):
+        return dict(zip(fast, args))
     try:
         bound = signature.bind(None, *args, **kwargs)
     except TypeError as err:
@@ -82,18 +110,11 @@ def bind(name: str, signature: inspect.Signature, args: tuple, kwargs: dict) -> 
 
 def split(bound: dict[str, Any]) -> Arguments:
     """Split bound parameter values into array leaves and static leaves."""
-    names = tuple(bound)
-    with_paths, treedef = tree_flatten_with_path(tuple(bound.values()))
-    kinds, owners, paths, statics, arrays = [], [], [], [], []
-    for path, leaf in with_paths:
-        kind = leaf_kind(leaf)
-        kinds.append(kind)
-        owners.append(path[0].idx)
-        paths.append(names[path[0].idx] + keystr(path[1:]))
-        statics.append(leaf if kind == STATIC else None)
-        if kind != STATIC:
-            arrays.append(leaf)
-    return Arguments(names, treedef, tuple(kinds), tuple(owners), tuple(paths), tuple(statics), tuple(arrays))
+    leaves, treedef = tree_flatten(tuple(bound.values()))
+    kinds = tuple(map(leaf_kind, leaves))
+    statics = tuple(leaf if kind == STATIC else None for leaf, kind in zip(leaves, kinds))
+    arrays = tuple(leaf for leaf, kind in zip(leaves, kinds) if kind != STATIC)
+    return Arguments(tuple(bound), treedef, kinds, statics, arrays)
 
 
 def call_forward(forward: Any, signature: inspect.Signature, ctx: Any, names: tuple[str, ...], values: list[Any]) -> Any:

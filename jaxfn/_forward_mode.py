@@ -33,7 +33,7 @@ def build(fn: Any, args: _arguments.Arguments) -> Callable[..., Any]:
 
     @jax.custom_jvp
     def primal(*arrays: Any) -> Any:
-        return fn._run_forward(args, arrays, [False] * len(arrays))[1]
+        return fn._primal(args, arrays)
 
     def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
         perturbed = [not isinstance(t, SymbolicZero) for t in tangents]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal
 
-from . import _arguments, _forward_mode, _gradients, _outputs
+from . import _arguments, _eager, _forward_mode, _gradients, _outputs
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, prefix
 
@@ -46,6 +46,8 @@ class AutogradFunction:
         self.forward_mode = bool(forward_mode)
         self._signature = inspect.signature(forward)
         self._backward_signature = inspect.signature(backward)
+        self._positional = _arguments.positional_names(self._signature)
+        self._eager = _eager.EagerCache()
         self.__doc__ = forward.__doc__
         self.__name__ = self.name
 
@@ -53,7 +55,16 @@ class AutogradFunction:
         return f"<jaxfn.AutogradFunction '{self.name}'>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        arguments = _arguments.split(_arguments.bind(self.name, self._signature, args, kwargs))
+        arguments = _arguments.split(_arguments.bind(self.name, self._signature, args, kwargs, self._positional))
+        if _eager.outside_traces(arguments.arrays):
+            return self._eager.call(arguments, self._primal, lambda: self._call(arguments))
+        return self._call(arguments)
+
+    def _primal(self, args: _arguments.Arguments, arrays: tuple[Any, ...]) -> Any:
+        """Forward's output alone: what a call that nothing differentiates needs."""
+        return self._run_forward(args, arrays, [False] * len(arrays))[1]
+
+    def _call(self, arguments: _arguments.Arguments) -> Any:
         try:
             built = _forward_mode.build(self, arguments) if self.forward_mode else self._build(arguments)
             return built(*arguments.arrays)
@@ -76,7 +87,7 @@ class AutogradFunction:
 
         @jax.custom_vjp
         def primal(*arrays: Any) -> Any:
-            return self._run_forward(args, arrays, [False] * len(arrays))[1]
+            return self._primal(args, arrays)
 
         def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
             arrays = [p.value for p in primals]
