@@ -17,7 +17,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 import jaxfn
@@ -98,7 +97,8 @@ def hlo_count(compiled) -> int:
 
 
 # -- the rows ----------------------------------------------------------------------------------
-def compiled_step(batch, repeats, steps=100):
+def compiled_step(batch, repeats):
+    steps = 100 if batch <= 1024 else 20  # keep each measurement near a second
     params, x, y = data(batch)
     loops = {name: make_loop(make(), steps) for name, make in CONTENDERS.items()}
     compiled = {name: loop.lower(params, x, y).compile() for name, loop in loops.items()}
@@ -168,8 +168,10 @@ def torch_vs_jaxfn(repeats, steps=100):
 
     params, jx, jy = data(64)
     loop = make_loop(make_jaxfn_relu(), steps).lower(params, jx, jy).compile()
-    fns = {"PyTorch autograd.Function (eager)": torch_steps,
-           "jaxfn (compiled loop)": lambda: jax.block_until_ready(loop(params, jx, jy))}
+    fns = {
+        "PyTorch autograd.Function (eager)": torch_steps,
+        "jaxfn (compiled loop)": lambda: jax.block_until_ready(loop(params, jx, jy)),
+    }
     for fn in fns.values():
         fn()
     return {name: t / steps for name, t in interleaved(fns, repeats, 1).items()}, torch.__version__
@@ -186,22 +188,30 @@ def main():
     args = parser.parse_args()
     repeats = 5 if args.quick else 15
     batches = [64, 1024] if args.quick else [64, 256, 1024, 4096, 8192]
-    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {len(jax.devices())} "
-                                f"{jax.devices()[0].device_kind} device(s), jax {jax.__version__}"}
+    results: dict = {
+        "machine": f"{platform.processor() or platform.machine()}, {len(jax.devices())} "
+        f"{jax.devices()[0].device_kind} device(s), jax {jax.__version__}"
+    }
     print(f"# jaxfn benchmark\n\n{results['machine']}\n")
 
-    print("## 1. Compiled training step (the tutorial's net, 100 steps in a fori_loop), per step\n")
-    print("| batch | jaxfn | jaxfn forward_mode | custom_vjp | plain autodiff | jaxfn / custom_vjp "
-          "| forward_mode / custom_vjp | HLO instructions (jaxfn / fwd-mode / custom_vjp / plain) |")
+    print("## 1. Compiled training step (the tutorial's net, a fori_loop of 100 steps; 20 above "
+          "batch 1024), per step\n")
+    print(
+        "| batch | jaxfn | jaxfn forward_mode | custom_vjp | plain autodiff | jaxfn / custom_vjp "
+        "| forward_mode / custom_vjp | HLO instructions (jaxfn / fwd-mode / custom_vjp / plain) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     results["compiled_step"] = {}
     for batch in batches:
         t, hlo = compiled_step(batch, repeats)
         results["compiled_step"][batch] = {"seconds": t, "hlo": hlo}
-        print(f"| {batch} | {us(t['jaxfn'])} | {us(t['jaxfn forward_mode'])} | {us(t['custom_vjp'])} | "
-              f"{us(t['plain autodiff'])} | {t['jaxfn'] / t['custom_vjp']:.3f} | "
-              f"{t['jaxfn forward_mode'] / t['custom_vjp']:.3f} | {hlo['jaxfn']} / {hlo['jaxfn forward_mode']} / "
-              f"{hlo['custom_vjp']} / {hlo['plain autodiff']} |", flush=True)
+        print(
+            f"| {batch} | {us(t['jaxfn'])} | {us(t['jaxfn forward_mode'])} | {us(t['custom_vjp'])} | "
+            f"{us(t['plain autodiff'])} | {t['jaxfn'] / t['custom_vjp']:.3f} | "
+            f"{t['jaxfn forward_mode'] / t['custom_vjp']:.3f} | {hlo['jaxfn']} / {hlo['jaxfn forward_mode']} / "
+            f"{hlo['custom_vjp']} / {hlo['plain autodiff']} |",
+            flush=True,
+        )
 
     print("\n## 2. Trace + compile of one training step (fresh functions each repeat)\n")
     t = trace_and_compile(max(3, repeats // 2))
@@ -210,13 +220,18 @@ def main():
     print(f"| {t['jaxfn'] * 1e3:.1f} ms | {t['custom_vjp'] * 1e3:.1f} ms | {t['jaxfn'] / t['custom_vjp']:.2f} |")
 
     print("\n## 3. One eager (un-jitted) call of my_relu\n")
-    print("| batch | jaxfn | jit plain | custom_vjp | jaxfn / jit plain | jaxfn / custom_vjp |\n|---|---|---|---|---|---|")
+    print(
+        "| batch | jaxfn | jit plain | custom_vjp | jaxfn / jit plain | jaxfn / custom_vjp |\n|---|---|---|---|---|---|"
+    )
     results["eager_call"] = {}
     for batch in batches:
         t = eager_call(batch, repeats)
         results["eager_call"][batch] = t
-        print(f"| {batch} | {us(t['jaxfn'])} | {us(t['jit plain'])} | {us(t['custom_vjp'])} | "
-              f"{t['jaxfn'] / t['jit plain']:.2f} | {t['jaxfn'] / t['custom_vjp']:.2f} |", flush=True)
+        print(
+            f"| {batch} | {us(t['jaxfn'])} | {us(t['jit plain'])} | {us(t['custom_vjp'])} | "
+            f"{t['jaxfn'] / t['jit plain']:.2f} | {t['jaxfn'] / t['custom_vjp']:.2f} |",
+            flush=True,
+        )
 
     print("\n## 4. The tutorial's training loop: PyTorch eager vs jaxfn compiled, per step (batch 64)\n")
     torch_row = torch_vs_jaxfn(repeats)

@@ -105,8 +105,7 @@ def data_parallel_mesh(batch: int) -> Mesh:
     devices = jax.devices()
     if batch % len(devices):
         raise ValueError(
-            f"--batch {batch} does not split evenly across {len(devices)} devices; "
-            f"use a multiple of {len(devices)}"
+            f"--batch {batch} does not split evenly across {len(devices)} devices; use a multiple of {len(devices)}"
         )
     return Mesh(np.array(devices), ("data",))
 

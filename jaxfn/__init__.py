@@ -4,9 +4,9 @@ from ._context import Context as Context
 from ._errors import AutogradFunctionError as AutogradFunctionError
 from ._errors import GradcheckError as GradcheckError
 from ._function import AutogradFunction as AutogradFunction
-from ._gradcheck import gradcheck as gradcheck
 from ._function import Function as Function
 from ._function import autograd_function as autograd_function
+from ._gradcheck import gradcheck as gradcheck
 
 __all__ = [
     "AutogradFunction",

@@ -117,7 +117,9 @@ def split(bound: dict[str, Any]) -> Arguments:
     return Arguments(tuple(bound), treedef, kinds, statics, arrays)
 
 
-def call_forward(forward: Any, signature: inspect.Signature, ctx: Any, names: tuple[str, ...], values: list[Any]) -> Any:
+def call_forward(
+    forward: Any, signature: inspect.Signature, ctx: Any, names: tuple[str, ...], values: list[Any]
+) -> Any:
     """Call the user's forward with ``ctx`` and the parameter values, as Python would bind them."""
     ctx_name = next(iter(signature.parameters))
     bound = inspect.BoundArguments(signature, {ctx_name: ctx, **dict(zip(names, values))})  # type: ignore[arg-type]

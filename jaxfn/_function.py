@@ -8,7 +8,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal
 
 from . import _arguments, _eager, _forward_mode, _gradients, _outputs
@@ -164,7 +163,57 @@ def autograd_function(
     name: str | None = None,
     forward_mode: bool = False,
 ) -> AutogradFunction:
-    """Make a differentiable JAX function from a ``forward`` and a ``backward``, as R torch does."""
+    """Make a differentiable JAX function from a ``forward`` and a ``backward``, as R torch does.
+
+    Usage template::
+
+        def forward(ctx, input, weight, bias=None):   # ctx first, then any parameters
+            ctx.save_for_backward(input=input, weight=weight, bias=bias)  # or (*values) -> saved_tensors
+            ctx.scale = 2                              # attributes reach backward too
+            ctx.mark_non_differentiable(...)           # outputs that carry no gradient
+            ctx.set_materialize_grads(False)           # unused outputs' grads arrive as None
+            return input @ weight.T                    # array, tuple/list or pytree of arrays
+
+        def backward(ctx, grad_output):                # one grad_output per tuple/list output
+            s = ctx.saved_variables                    # s.input, s["weight"]
+            if ctx.needs_input_grad.input:             # or ["input"], or [0]
+                ...
+            return {"input": ..., "weight": ...}       # or a tuple per parameter, a bare array, None
+
+        linear = jaxfn.autograd_function(forward, backward)
+
+    Differences from R torch / PyTorch / ``jax.custom_vjp``:
+
+    * pytree arguments are looked inside; float/complex array leaves are differentiable, integer
+      arrays pass through, everything else is static (a plain Python value, also under ``jit``);
+    * JAX arrays are immutable: ``ctx.mark_dirty`` only checks its arguments;
+    * complex gradients follow JAX's convention (no conjugate in backward's formula);
+    * no residual tuples, ``nondiff_argnums`` or symbolic zeros to handle by hand: ``ctx`` does it,
+      and ``needs_input_grad`` is exact;
+    * ``forward_mode=True`` derives ``jax.jvp``/``jax.jacfwd`` from the same backward.
+
+    Args:
+      forward: ``forward(ctx, *args, **kwargs)``, returning the output.
+      backward: ``backward(ctx, *grad_outputs)``, returning the gradients.
+      name: what error messages call the function (default ``forward.__name__``).
+      forward_mode: also support forward-mode autodiff, by transposing backward.
+
+    Returns:
+      A callable ``jaxfn.AutogradFunction``.
+
+    Raises:
+      AutogradFunctionError: if forward or backward is not a function taking ctx first.
+
+    >>> import jax, jax.numpy as jnp, jaxfn
+    >>> def forward(ctx, tensor, constant):
+    ...     ctx.save_for_backward(constant=constant)
+    ...     return tensor * constant
+    >>> def backward(ctx, grad_output):
+    ...     return {"tensor": grad_output * ctx.saved_variables.constant}
+    >>> mul_constant = jaxfn.autograd_function(forward, backward)
+    >>> print(jax.grad(lambda x: mul_constant(x, 2).sum())(jnp.ones(1)))
+    [2.]
+    """
     return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode)
 
 

@@ -73,7 +73,9 @@ def to_cotangents(
     return cotangents
 
 
-def _spread(function: str, args: Arguments, position: int, grad: Any, per_leaf: list[Any], problems: list[tuple[type, str]]) -> None:
+def _spread(
+    function: str, args: Arguments, position: int, grad: Any, per_leaf: list[Any], problems: list[tuple[type, str]]
+) -> None:
     """Put the gradient pytree of one parameter into ``per_leaf``, matching its structure."""
     name = args.names[position]
     leaf_ids = [i for i, owner in enumerate(args.owners) if owner == position]
@@ -85,14 +87,20 @@ def _spread(function: str, args: Arguments, position: int, grad: Any, per_leaf: 
         if not isinstance(ids, int):
             n = len(jax.tree_util.tree_leaves(ids))
             problems.append(
-                (AutogradFunctionTypeError, f"backward of '{function}' returned {describe(g)} for '{name}', "
-                f"but that part of '{name}' is a pytree with {n} leaves; return a gradient of the same structure.")
+                (
+                    AutogradFunctionTypeError,
+                    f"backward of '{function}' returned {describe(g)} for '{name}', "
+                    f"but that part of '{name}' is a pytree with {n} leaves; return a gradient of the same structure.",
+                )
             )
         elif args.kinds[ids] == STATIC:
             problems.append(
-                (AutogradFunctionTypeError, f"backward of '{function}' returned a gradient for '{args.paths[ids]}', but it is a static "
-                f"argument (a {type(args.statics[ids]).__name__}), not an array, so it can't have one; return "
-                f"None for it, or pass a floating-point jnp array to make it differentiable.")
+                (
+                    AutogradFunctionTypeError,
+                    f"backward of '{function}' returned a gradient for '{args.paths[ids]}', but it is a static "
+                    f"argument (a {type(args.statics[ids]).__name__}), not an array, so it can't have one; return "
+                    f"None for it, or pass a floating-point jnp array to make it differentiable.",
+                )
             )
         else:
             per_leaf[ids] = g
@@ -100,11 +108,14 @@ def _spread(function: str, args: Arguments, position: int, grad: Any, per_leaf: 
     try:
         grad = _fill_missing_keys(grad, template)
         jax.tree_util.tree_map(place, grad, template, is_leaf=lambda x: x is None or isinstance(x, SymbolicZero))
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError):
         problems.append(
-            (AutogradFunctionTypeError, f"backward of '{function}' returned a gradient for '{name}' with pytree structure "
-            f"{jax.tree_util.tree_structure(grad)}, but '{name}' has structure "
-            f"{jax.tree_util.tree_structure(template)}; return the same structure (None for no gradient).")
+            (
+                AutogradFunctionTypeError,
+                f"backward of '{function}' returned a gradient for '{name}' with pytree structure "
+                f"{jax.tree_util.tree_structure(grad)}, but '{name}' has structure "
+                f"{jax.tree_util.tree_structure(template)}; return the same structure (None for no gradient).",
+            )
         )
 
 
@@ -126,27 +137,41 @@ def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: lis
     """The gradient of one input leaf, summed to its shape and cast to its dtype; or None."""
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
         problems.append(
-            (AutogradFunctionTypeError, f"backward of '{function}' returned {describe(grad)} as the gradient for '{where}', "
-            "but a gradient must be an array (or None).")
+            (
+                AutogradFunctionTypeError,
+                f"backward of '{function}' returned {describe(grad)} as the gradient for '{where}', "
+                "but a gradient must be an array (or None).",
+            )
         )
         return None
     grad = jnp.asarray(grad)
     shape, dtype = tuple(primal.shape), primal.dtype
     got = f"backward of '{function}' returned a gradient for '{where}' with"
     if not jnp.issubdtype(grad.dtype, jnp.inexact):
-        problems.append((AutogradFunctionTypeError, f"{got} dtype {grad.dtype}, but '{where}' has dtype {dtype}; a gradient must be floating-point."))
+        problems.append(
+            (
+                AutogradFunctionTypeError,
+                f"{got} dtype {grad.dtype}, but '{where}' has dtype {dtype}; a gradient must be floating-point.",
+            )
+        )
         return None
     if jnp.issubdtype(grad.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
         problems.append(
-            (AutogradFunctionTypeError, f"{got} complex dtype {grad.dtype}, but '{where}' is real ({dtype}); "
-            "return the real part (jnp.real) if that is the gradient you mean.")
+            (
+                AutogradFunctionTypeError,
+                f"{got} complex dtype {grad.dtype}, but '{where}' is real ({dtype}); "
+                "return the real part (jnp.real) if that is the gradient you mean.",
+            )
         )
         return None
     if grad.shape != shape:
         if not _broadcasts_to(shape, grad.shape):
             problems.append(
-                (AutogradFunctionValueError, f"{got} shape {grad.shape}, but '{where}' has shape {shape}, so the shapes do not match "
-                f"(and {shape} does not broadcast to {grad.shape}).")
+                (
+                    AutogradFunctionValueError,
+                    f"{got} shape {grad.shape}, but '{where}' has shape {shape}, so the shapes do not match "
+                    f"(and {shape} does not broadcast to {grad.shape}).",
+                )
             )
             return None
         grad = _sum_to_shape(grad, shape)

@@ -81,8 +81,9 @@ def test_gradient_dtype_cast_to_input():
 
 def test_complex_follows_jax_convention():
     # f(z) = z^2: backward returns grad_output * f'(z), without conjugation
-    f = jaxfn.autograd_function(lambda ctx, z: (ctx.save_for_backward(z), z**2)[1],
-                                lambda ctx, g: g * 2 * ctx.saved_tensors[0])
+    f = jaxfn.autograd_function(
+        lambda ctx, z: (ctx.save_for_backward(z), z**2)[1], lambda ctx, g: g * 2 * ctx.saved_tensors[0]
+    )
     z = jnp.array([1.0 + 2.0j, -0.5 + 0.1j])
     loss = lambda f: lambda z: jnp.abs(f(z)).sum()  # noqa: E731
     np.testing.assert_allclose(jax.grad(loss(f))(z), jax.grad(loss(lambda z: z**2))(z), rtol=1e-12)

@@ -17,8 +17,17 @@ def test_saved_variables_is_a_read_only_mapping_with_attribute_access():
 
     def backward(ctx, grad_output):
         s = ctx.saved_variables
-        seen.update(keys=list(s.keys()), length=len(s), has_x="x" in s, has_z="z" in s, iterated=list(s),
-                    n=s.n, n_by_key=s["n"], nothing=s.nothing, hasattr_z=hasattr(s, "z"))
+        seen.update(
+            keys=list(s.keys()),
+            length=len(s),
+            has_x="x" in s,
+            has_z="z" in s,
+            iterated=list(s),
+            n=s.n,
+            n_by_key=s["n"],
+            nothing=s.nothing,
+            hasattr_z=hasattr(s, "z"),
+        )
         with pytest.raises(TypeError, match="read-only"):
             s.x = 1
         return grad_output * s["y"], grad_output * s.x
@@ -28,8 +37,17 @@ def test_saved_variables_is_a_read_only_mapping_with_attribute_access():
     gx, gy = jax.grad(lambda x, y: f(x, y).sum(), (0, 1))(x, y)
     np.testing.assert_allclose(gx, y)
     np.testing.assert_allclose(gy, x)
-    assert seen == dict(keys=["x", "y", "n", "nothing"], length=4, has_x=True, has_z=False,
-                        iterated=["x", "y", "n", "nothing"], n=3, n_by_key=3, nothing=None, hasattr_z=False)
+    assert seen == dict(
+        keys=["x", "y", "n", "nothing"],
+        length=4,
+        has_x=True,
+        has_z=False,
+        iterated=["x", "y", "n", "nothing"],
+        n=3,
+        n_by_key=3,
+        nothing=None,
+        hasattr_z=False,
+    )
 
 
 def test_saved_tensors_pytorch_style(maybe_jit):
@@ -101,16 +119,24 @@ def test_unknown_names_list_the_names_that_exist():
 
     x = jnp.ones(2)
     cases = [
-        (backward_saved, AttributeError, r"ctx.saved_variables has no 'inptu'; the names it has are: 'input', 'weight'"),
+        (
+            backward_saved,
+            AttributeError,
+            r"ctx.saved_variables has no 'inptu'; the names it has are: 'input', 'weight'",
+        ),
         (backward_key, KeyError, r"ctx.saved_variables has no 'inptu'; the names it has are: 'input', 'weight'"),
-        (backward_needs, AttributeError, r"ctx.needs_input_grad has no 'wieght'; the names it has are: 'input', 'weight'"),
+        (
+            backward_needs,
+            AttributeError,
+            r"ctx.needs_input_grad has no 'wieght'; the names it has are: 'input', 'weight'",
+        ),
         (backward_needs_key, KeyError, r"ctx.needs_input_grad has no 'wieght'"),
         (backward_attr, AttributeError, r"ctx has no 'scael'; the names it has are: 'scale'"),
     ]
     for backward, kind, match in cases:
         f = jaxfn.autograd_function(forward, backward, name="mul")
         with pytest.raises(kind, match=match) as info:
-            jax.grad(lambda x: f(x, x).sum())(x)
+            jax.grad(lambda x, f=f: f(x, x).sum())(x)
         assert isinstance(info.value, jaxfn.AutogradFunctionError)
         assert "'mul'" in str(info.value)
 

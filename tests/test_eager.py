@@ -21,8 +21,9 @@ def test_same_results_eager_jit_and_op_by_op():
     x = jnp.linspace(-1.0, 1.0, 5)
     eager = power(x, 3, offset=1.0)
     jitted = jax.jit(lambda x: power(x, 3, offset=1.0))(x)
-    op_by_op = power._call(jaxfn._arguments.split(jaxfn._arguments.bind("power", power._signature, (x, 3),
-                                                                         {"offset": 1.0})))
+    op_by_op = power._call(
+        jaxfn._arguments.split(jaxfn._arguments.bind("power", power._signature, (x, 3), {"offset": 1.0}))
+    )
     np.testing.assert_allclose(eager, x**3 + 1.0, rtol=1e-12)
     np.testing.assert_allclose(jitted, eager, rtol=1e-12)
     np.testing.assert_allclose(op_by_op, eager, rtol=1e-12)

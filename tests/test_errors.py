@@ -94,8 +94,11 @@ def test_all_mismatches_of_one_call_are_reported_together():
 
 
 def test_complex_gradient_for_real_input():
-    _raises(TypeError, r"'w' with complex dtype complex128, but 'w' is real \(float64\); return the real part",
-            _grad_of(lambda ctx, g: {"x": g, "w": jnp.ones(3, jnp.complex128)}))
+    _raises(
+        TypeError,
+        r"'w' with complex dtype complex128, but 'w' is real \(float64\); return the real part",
+        _grad_of(lambda ctx, g: {"x": g, "w": jnp.ones(3, jnp.complex128)}),
+    )
 
 
 def test_gradient_that_is_not_an_array():
@@ -103,24 +106,37 @@ def test_gradient_that_is_not_an_array():
 
 
 def test_unknown_parameter_in_dict():
-    _raises(TypeError, r"backward returned gradients for 'weight', but the parameters of 'mul' are 'x', 'w'",
-            _grad_of(lambda ctx, g: {"x": g, "weight": g}))
+    _raises(
+        TypeError,
+        r"backward returned gradients for 'weight', but the parameters of 'mul' are 'x', 'w'",
+        _grad_of(lambda ctx, g: {"x": g, "weight": g}),
+    )
 
 
 def test_tuple_of_wrong_length():
-    _raises(TypeError, r"'mul': backward returned 3 gradients, but 'mul' has 2 parameters \(x, w\)",
-            _grad_of(lambda ctx, g: (g, g, g)))
+    _raises(
+        TypeError,
+        r"'mul': backward returned 3 gradients, but 'mul' has 2 parameters \(x, w\)",
+        _grad_of(lambda ctx, g: (g, g, g)),
+    )
 
 
 def test_bare_array_for_several_parameters():
-    _raises(TypeError, r"'mul': backward must return a dict keyed by parameter name.* but it returned an array of "
-            r"shape \(2, 3\) and dtype float64 for a function with 2 parameters \(x, w\)", _grad_of(lambda ctx, g: g))
+    _raises(
+        TypeError,
+        r"'mul': backward must return a dict keyed by parameter name.* but it returned an array of "
+        r"shape \(2, 3\) and dtype float64 for a function with 2 parameters \(x, w\)",
+        _grad_of(lambda ctx, g: g),
+    )
 
 
 def test_gradient_for_static_parameter_says_how_to_fix():
     f = jaxfn.autograd_function(lambda ctx, x, c: x * c, lambda ctx, g: (g * 2, g.sum()), name="mul_constant")
-    _raises(TypeError, r"'constant'|'c', but it is a static argument \(a int\).*pass a floating-point jnp array",
-            lambda: jax.grad(lambda x: f(x, 2).sum())(W))
+    _raises(
+        TypeError,
+        r"'constant'|'c', but it is a static argument \(a int\).*pass a floating-point jnp array",
+        lambda: jax.grad(lambda x: f(x, 2).sum())(W),
+    )
 
 
 def test_pytree_gradient_with_wrong_structure():
@@ -128,27 +144,41 @@ def test_pytree_gradient_with_wrong_structure():
         return params["a"] * params["b"]
 
     f = jaxfn.autograd_function(forward, lambda ctx, g: {"params": (g, g)}, name="f")
-    _raises(TypeError, r"gradient for 'params' with pytree structure PyTreeDef\(\(\*, \*\)\), but 'params' has "
-            r"structure PyTreeDef\(\{'a': \*, 'b': \*\}\)",
-            lambda: jax.grad(lambda p: f(p).sum())({"a": W, "b": W}))
+    _raises(
+        TypeError,
+        r"gradient for 'params' with pytree structure PyTreeDef\(\(\*, \*\)\), but 'params' has "
+        r"structure PyTreeDef\(\{'a': \*, 'b': \*\}\)",
+        lambda: jax.grad(lambda p: f(p).sum())({"a": W, "b": W}),
+    )
 
 
 def test_single_array_for_pytree_parameter():
     f = jaxfn.autograd_function(lambda ctx, p: p["a"] * p["b"], lambda ctx, g: {"p": g}, name="f")
-    _raises(TypeError, r"returned an array of shape \(3,\) and dtype float64 for 'p', but that part of 'p' is a "
-            r"pytree with 2 leaves", lambda: jax.grad(lambda p: f(p).sum())({"a": W, "b": W}))
+    _raises(
+        TypeError,
+        r"returned an array of shape \(3,\) and dtype float64 for 'p', but that part of 'p' is a "
+        r"pytree with 2 leaves",
+        lambda: jax.grad(lambda p: f(p).sum())({"a": W, "b": W}),
+    )
 
 
 def test_wrong_key_path_is_named():
     f = jaxfn.autograd_function(lambda ctx, p: p["a"] * p["b"], lambda ctx, g: {"p": {"a": g, "b": g[:2]}}, name="f")
-    _raises(ValueError, r"gradient for 'p\['b'\]' with shape \(2,\), but 'p\['b'\]' has shape \(3,\)",
-            lambda: jax.grad(lambda p: f(p).sum())({"a": W, "b": W}))
+    _raises(
+        ValueError,
+        r"gradient for 'p\['b'\]' with shape \(2,\), but 'p\['b'\]' has shape \(3,\)",
+        lambda: jax.grad(lambda p: f(p).sum())({"a": W, "b": W}),
+    )
 
 
 def test_backward_with_too_few_parameters():
     f = jaxfn.autograd_function(lambda ctx, x: (x, x * 2), lambda ctx, g: g, name="two_out")
-    _raises(TypeError, r"'two_out': backward must accept ctx and 2 grad_output argument\(s\), one per output of "
-            r"forward, but its signature is \(ctx, g\)", lambda: jax.grad(lambda x: f(x)[0].sum())(W))
+    _raises(
+        TypeError,
+        r"'two_out': backward must accept ctx and 2 grad_output argument\(s\), one per output of "
+        r"forward, but its signature is \(ctx, g\)",
+        lambda: jax.grad(lambda x: f(x)[0].sum())(W),
+    )
 
 
 def test_default_mode_forward_error_names_function_and_fix():

@@ -17,8 +17,9 @@ def run(*args, devices=1, timeout=300):
     env.pop("JAX_ENABLE_X64", None)
     if devices > 1:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def losses(stdout):

@@ -26,8 +26,10 @@ def test_jacobians_match_plain_math(maybe_jit, jac, argnums):
 
 def test_jvp_and_linearize(maybe_jit):
     tangents = (X * 0.3, W * -2.0, B)
-    _close(maybe_jit(lambda p, t: jax.jvp(linear, p, t))((X, W, B), tangents),
-           jax.jvp(plain_linear_free, (X, W, B), tangents))
+    _close(
+        maybe_jit(lambda p, t: jax.jvp(linear, p, t))((X, W, B), tangents),
+        jax.jvp(plain_linear_free, (X, W, B), tangents),
+    )
     _, f_lin = jax.linearize(lambda w: linear(X, w, B), W)
     _close(f_lin(W), X @ W.T)
 
@@ -127,8 +129,11 @@ def test_class_attribute():
 )
 def test_backward_not_linear_in_grad_output_is_refused(backward, what):
     f = jaxfn.autograd_function(lambda ctx, x: x * 2, backward, name="clip_grad", forward_mode=True)
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'clip_grad' has forward_mode=True, so its backward must "
-                       rf"be linear in grad_output.*{what}.*without forward_mode=True"):
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'clip_grad' has forward_mode=True, so its backward must "
+        rf"be linear in grad_output.*{what}.*without forward_mode=True",
+    ):
         jax.jvp(f, (jnp.ones(2),), (jnp.ones(2),))
 
 

@@ -81,9 +81,13 @@ def test_needs_input_grad_for_each_combination(which):
     seen = {}
 
     def backward(ctx, grad_output):
-        seen.update(by_name=dict(zip("iwb", (ctx.needs_input_grad.input, ctx.needs_input_grad.weight,
-                                             ctx.needs_input_grad.bias))),
-                    by_index=tuple(ctx.needs_input_grad), by_key=ctx.needs_input_grad["bias"])
+        seen.update(
+            by_name=dict(
+                zip("iwb", (ctx.needs_input_grad.input, ctx.needs_input_grad.weight, ctx.needs_input_grad.bias))
+            ),
+            by_index=tuple(ctx.needs_input_grad),
+            by_key=ctx.needs_input_grad["bias"],
+        )
         return linear.backward(ctx, grad_output)
 
     import jaxfn

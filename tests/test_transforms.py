@@ -159,7 +159,13 @@ SHARDED = textwrap.dedent(
 
 def test_data_parallel_jit_over_8_devices_matches_one_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=300,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", SHARDED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("OK")
