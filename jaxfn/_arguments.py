@@ -53,6 +53,10 @@ class Arguments:
         with_paths, _ = tree_flatten_with_path(skeleton, is_leaf=lambda x: x is None)
         return tuple(self.names[path[0].idx] + keystr(path[1:]) for path, _ in with_paths)
 
+    def structure(self) -> Arguments:
+        """The same call without its array values, to keep in closures without holding arrays."""
+        return dataclasses.replace(self, arrays=())
+
     def array_positions(self) -> list[int]:
         """The leaf index of each entry of ``arrays``."""
         return [i for i, kind in enumerate(self.kinds) if kind != STATIC]

@@ -13,7 +13,6 @@ is remembered as eager-only and it runs op by op, as it would in PyTorch.
 from __future__ import annotations
 
 import collections
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +53,7 @@ class EagerCache:
             self._entries.move_to_end(key)
             return fallback()
         if entry is None:
-            structure = dataclasses.replace(args, arrays=())  # keep no reference to this call's arrays
+            structure = args.structure()
             entry = jax.jit(lambda *arrays: forward(structure, arrays))
             try:
                 out = entry(*args.arrays)

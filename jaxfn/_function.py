@@ -65,7 +65,8 @@ class AutogradFunction:
 
     def _call(self, arguments: _arguments.Arguments) -> Any:
         try:
-            built = _forward_mode.build(self, arguments) if self.forward_mode else self._build(arguments)
+            structure = arguments.structure()  # the custom_vjp keeps no reference to this call's arrays
+            built = _forward_mode.build(self, structure) if self.forward_mode else self._build(structure)
             return built(*arguments.arrays)
         except TypeError as err:
             if _JVP_REFUSAL in str(err):
