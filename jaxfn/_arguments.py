@@ -15,6 +15,7 @@ import inspect
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
@@ -73,6 +74,11 @@ class Arguments:
         key = (self.treedef, self.kinds, self.statics)
         hash(key)
         return key
+
+
+def shape_dtypes(arrays: Any) -> list[jax.ShapeDtypeStruct]:
+    """The shape and dtype of each array leaf (Python scalars included), as backward checks them."""
+    return [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in arrays]
 
 
 def context_parameter(function: Any) -> inspect.Parameter | None:

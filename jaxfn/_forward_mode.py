@@ -38,7 +38,7 @@ def build(fn: Any, args: _arguments.Arguments) -> Callable[..., Any]:
     def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
         perturbed = [not isinstance(t, SymbolicZero) for t in tangents]
         ctx, out, info = fn._run_forward(args, primals, perturbed)
-        avals = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in primals]
+        avals = _arguments.shape_dtypes(primals)
         wanted = [i for i, flag in enumerate(perturbed) if flag]
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
         pullback = _pullback(fn, args, ctx, info, avals, perturbed, wanted, outs)

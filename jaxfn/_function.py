@@ -94,7 +94,7 @@ class AutogradFunction:
             perturbed = [p.perturbed for p in primals]
             ctx, out, info = self._run_forward(args, arrays, perturbed)
             saved, static = ctx.to_residuals()
-            avals = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in arrays]
+            avals = _arguments.shape_dtypes(arrays)
             traces.append((static, info, avals, perturbed))
             return out, (saved, jnp.zeros((0, len(traces) - 1), jnp.uint8))
 
