@@ -40,9 +40,6 @@ class EagerCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def clear(self) -> None:
-        self._entries.clear()
-
     def call(self, args: Any, forward: Callable[[Any, tuple[Any, ...]], Any], fallback: Callable[[], Any]) -> Any:
         """``forward(args, arrays)`` compiled and cached, or ``fallback()`` where it can't be."""
         key = _key(args)
