@@ -103,24 +103,17 @@ def _check(scalar, x0, labels, eps, atol, rtol, rng, what) -> None:
     analytical = jax.grad(scalar)(x0)
     for k, (label, leaf) in enumerate(zip(labels, x0)):
         direction = jnp.asarray(rng.standard_normal(np.shape(leaf)))
-        numerical = _central(scalar, x0, k, direction, eps)
+        numerical = float(_central(scalar, x0, k, direction, eps))
         expected = float(jnp.vdot(analytical[k], direction))
         if abs(expected - numerical) > atol + rtol * abs(numerical):
             _locate(scalar, x0, k, analytical[k], label, eps, atol, rtol, what)
-
-
-def _central(scalar, x0, k, direction, eps) -> float:
-    def shifted(step):
-        return [leaf + step * direction if i == k else leaf for i, leaf in enumerate(x0)]
-
-    return float((scalar(shifted(eps)) - scalar(shifted(-eps))) / (2 * eps))
 
 
 def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what) -> None:
     """Finite differences for every element of leaf ``k``; raise naming the worst one."""
     size = int(np.size(x0[k]))
     basis = jnp.eye(size, dtype=x0[k].dtype).reshape((size, *np.shape(x0[k])))
-    numerical = jax.vmap(lambda d: _central_traced(scalar, x0, k, d, eps))(basis).reshape(np.shape(x0[k]))
+    numerical = jax.vmap(lambda d: _central(scalar, x0, k, d, eps))(basis).reshape(np.shape(x0[k]))
     analytical, numerical = np.asarray(analytical), np.asarray(numerical)
     excess = np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical))
     worst = np.unravel_index(int(np.argmax(excess)), np.shape(excess)) if np.ndim(excess) else ()
@@ -133,10 +126,13 @@ def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what) -> None:
     )
 
 
-def _central_traced(scalar, x0, k, direction, eps):
-    plus = [leaf + eps * direction if i == k else leaf for i, leaf in enumerate(x0)]
-    minus = [leaf - eps * direction if i == k else leaf for i, leaf in enumerate(x0)]
-    return (scalar(plus) - scalar(minus)) / (2 * eps)
+def _central(scalar, x0, k, direction, eps):
+    """The central difference of ``scalar`` at ``x0`` along ``direction`` in leaf ``k``."""
+
+    def shifted(step):
+        return [leaf + step * direction if i == k else leaf for i, leaf in enumerate(x0)]
+
+    return (scalar(shifted(eps)) - scalar(shifted(-eps))) / (2 * eps)
 
 
 def _upcast(leaf: Any) -> Any:
