@@ -169,3 +169,17 @@ def test_data_parallel_jit_over_8_devices_matches_one_device():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("OK")
+
+
+def test_a_pullback_keeps_no_reference_to_the_call_arrays():
+    import gc
+    import weakref
+
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="double")
+    x = jnp.ones(1000) + 1.0
+    ref = weakref.ref(x)
+    _, pullback = jax.vjp(f, x)  # the pullback keeps the custom_vjp rule alive
+    del x
+    gc.collect()
+    assert ref() is None
+    np.testing.assert_allclose(pullback(jnp.ones(1000))[0], 2.0)
