@@ -1,40 +1,49 @@
 """The context object ``ctx`` that forward and backward share, and how it crosses to backward.
 
-A context belongs to one trace of forward. What it holds crosses to backward in two parts:
-JAX arrays as ``custom_vjp`` residuals, everything else (numbers, strings, flags) as a static
-remainder that ``jaxfn._function`` keeps per trace.
+A context belongs to one trace of forward. Its own state lives in a small typed holder
+(``_State``); the user's attributes (``ctx.power = 3``) live apart from it, in a dict. What the
+context holds crosses to backward in two parts: JAX arrays as residuals of the custom rule,
+everything else (numbers, strings, flags) as a static remainder kept per trace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+from jax.tree_util import tree_flatten_with_path
 
 from ._errors import (
     AutogradFunctionTypeError,
-    AutogradFunctionValueError,
     ContextAttributeError,
     ContextKeyError,
-    prefix,
+    error,
+    type_name,
     unknown_name,
 )
+
+_PLAIN = (int, float, complex, bool, str, bytes, type(None))
 
 
 class SavedVariables(Mapping):
     """What forward saved with ``ctx.save_for_backward(name=value)``: a read-only mapping.
 
-    Read a value as ``saved.name`` (R's ``s$name``) or ``saved["name"]``.
+    Read a value as ``saved.name`` (R's ``s$name``) or ``saved["name"]``; ``saved[i]`` is the
+    i-th value saved (as R indexes a list), the same as ``ctx.saved_tensors[i]``.
     """
 
-    __slots__ = ("_function", "_values")
+    __slots__ = ("_function", "_values", "_in_order")
 
-    def __init__(self, function: str, values: dict[str, Any]):
+    def __init__(self, function: str, values: dict[str, Any], in_order: tuple[Any, ...]):
         object.__setattr__(self, "_function", function)
         object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_in_order", in_order)
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: Any) -> Any:
+        if isinstance(name, int):
+            return self._in_order[name]
         try:
             return self._values[name]
         except KeyError:
@@ -42,16 +51,17 @@ class SavedVariables(Mapping):
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
-            raise AttributeError(name)
+            raise AttributeError(name)  # Python's protocol look-ups (copy, pickle) stay silent
         try:
             return self._values[name]
         except KeyError:
             raise ContextAttributeError(self._unknown(name)) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AutogradFunctionTypeError(
-            f"{prefix(self._function)}: ctx.saved_variables is read-only; "
-            "save values in forward with ctx.save_for_backward(name=value)."
+        raise error(
+            AutogradFunctionTypeError,
+            self._function,
+            "ctx.saved_variables is read-only; save values in forward with ctx.save_for_backward(name=value)",
         )
 
     def __iter__(self) -> Iterator[str]:
@@ -64,7 +74,7 @@ class SavedVariables(Mapping):
         return f"SavedVariables({', '.join(self._values)})"
 
     def _unknown(self, name: str) -> str:
-        return f"{prefix(self._function)}: " + unknown_name("ctx.saved_variables", name, self._values)
+        return str(error(ContextKeyError, self._function, unknown_name("ctx.saved_variables", name, self._values)))
 
 
 class NeedsInputGrad(Sequence):
@@ -72,14 +82,16 @@ class NeedsInputGrad(Sequence):
 
     By name as an attribute (R: ``ctx.needs_input_grad.input``) or key
     (``ctx.needs_input_grad["input"]``), or by position (PyTorch: ``ctx.needs_input_grad[0]``,
-    ``a, b = ctx.needs_input_grad``). ``"input" in ctx.needs_input_grad`` asks for a name.
+    ``a, b = ctx.needs_input_grad``; one entry per argument, so a ``*args`` parameter counts
+    once per element). ``"input" in ctx.needs_input_grad`` asks for a name.
     """
 
-    __slots__ = ("_function", "_flags")
+    __slots__ = ("_function", "_flags", "_by_position")
 
-    def __init__(self, function: str, flags: dict[str, bool]):
+    def __init__(self, function: str, flags: dict[str, bool], by_position: tuple[bool, ...] | None = None):
         object.__setattr__(self, "_function", function)
         object.__setattr__(self, "_flags", dict(flags))
+        object.__setattr__(self, "_by_position", tuple(flags.values()) if by_position is None else by_position)
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
@@ -87,24 +99,24 @@ class NeedsInputGrad(Sequence):
                 return self._flags[key]
             except KeyError:
                 raise ContextKeyError(self._unknown(key)) from None
-        return tuple(self._flags.values())[key]
+        return self._by_position[key]
 
     def __getattr__(self, name: str) -> bool:
         if name.startswith("__"):
-            raise AttributeError(name)
+            raise AttributeError(name)  # Python's protocol look-ups stay silent
         try:
             return self._flags[name]
         except KeyError:
             raise ContextAttributeError(self._unknown(name)) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AutogradFunctionTypeError(f"{prefix(self._function)}: ctx.needs_input_grad is read-only.")
+        raise error(AutogradFunctionTypeError, self._function, "ctx.needs_input_grad is read-only")
 
     def __contains__(self, item: object) -> bool:
-        return item in self._flags if isinstance(item, str) else item in self._flags.values()
+        return item in self._flags if isinstance(item, str) else item in self._by_position
 
     def __len__(self) -> int:
-        return len(self._flags)
+        return len(self._by_position)
 
     def keys(self):
         return self._flags.keys()
@@ -113,145 +125,203 @@ class NeedsInputGrad(Sequence):
         return "NeedsInputGrad(" + ", ".join(f"{k}={v}" for k, v in self._flags.items()) + ")"
 
     def _unknown(self, name: str) -> str:
-        return f"{prefix(self._function)}: " + unknown_name("ctx.needs_input_grad", name, self._flags)
+        return str(error(ContextKeyError, self._function, unknown_name("ctx.needs_input_grad", name, self._flags)))
+
+
+@dataclasses.dataclass(slots=True)
+class _State:
+    """The context's own state, apart from the user's attributes."""
+
+    function: str
+    needs: dict[str, bool]
+    needs_by_position: tuple[bool, ...]
+    inputs: Sequence[Any] = ()  # this call's array inputs, for mark_dirty (forward only)
+    in_forward: bool = True
+    positional: tuple[Any, ...] = ()
+    named: dict[str, Any] = dataclasses.field(default_factory=dict)
+    non_differentiable: list[Any] = dataclasses.field(default_factory=list)
+    materialize: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Remainder:
+    """The static part of a context, kept per trace: everything but its arrays."""
+
+    state: _State
+    names: tuple[tuple[str, ...], tuple[str, ...]]  # saved names and attribute names, in the user's order
+    treedef: Any
+    is_array: tuple[bool, ...]
+    statics: tuple[Any, ...]
 
 
 class Context:
     """The ``ctx`` handed to forward and backward of one call (see ``jaxfn.autograd_function``)."""
 
-    _OWN_NAMES = frozenset(
-        {
-            "save_for_backward",
-            "saved_variables",
-            "saved_tensors",
-            "needs_input_grad",
-            "mark_non_differentiable",
-            "set_materialize_grads",
-            "mark_dirty",
-            "materialize_grads",
-        }
-    )
+    __slots__ = ("_state", "_attrs")
 
-    def __init__(self, function: str, needs_input_grad: dict[str, bool], inputs: Sequence[Any] = ()):
-        state = {
-            "function": function,
-            "needs": needs_input_grad,
-            "inputs": list(inputs),  # this call's array inputs, for mark_dirty
-            "in_forward": True,
-            "positional": (),
-            "named": {},
-            "attrs": {},
-            "non_differentiable": [],
-            "materialize": True,
-        }
-        object.__setattr__(self, "_jaxfn", state)
+    def __init__(
+        self,
+        function: str,
+        needs_input_grad: dict[str, bool],
+        inputs: Sequence[Any] = (),
+        needs_by_position: tuple[bool, ...] | None = None,
+    ):
+        by_position = tuple(needs_input_grad.values()) if needs_by_position is None else needs_by_position
+        object.__setattr__(self, "_state", _State(function, needs_input_grad, by_position, inputs))
+        object.__setattr__(self, "_attrs", {})
 
     # -- forward-only methods --------------------------------------------------------------
     def save_for_backward(self, *values: Any, **named: Any) -> None:
         """Save values for backward: by name (R) as ``saved_variables``, or by position
         (PyTorch) as ``saved_tensors``. A later call replaces what an earlier one saved."""
         self._forward_only("save_for_backward")
-        self._jaxfn["positional"] = values
-        self._jaxfn["named"] = named
+        self._state.positional = values
+        self._state.named = named
 
     def mark_non_differentiable(self, *outputs: Any) -> None:
-        """Declare outputs (the very arrays forward returns) that carry no gradient."""
+        """Declare outputs (the very values forward returns) that carry no gradient."""
         self._forward_only("mark_non_differentiable")
-        self._jaxfn["non_differentiable"].extend(outputs)
+        self._state.non_differentiable.extend(outputs)
 
     def set_materialize_grads(self, value: bool) -> None:
         """With ``False``, cotangents that carry no gradient reach backward as ``None``."""
         self._forward_only("set_materialize_grads")
-        self._jaxfn["materialize"] = bool(value)
+        self._state.materialize = bool(value)
 
     def mark_dirty(self, *inputs: Any) -> None:
         """Accepted for ported code: JAX arrays are immutable, so an "in-place" forward returns
         the updated array. Checks that each argument is one of this call's array inputs."""
         self._forward_only("mark_dirty")
-        ids = {id(x) for x in self._jaxfn["inputs"]}
+        ids = {id(x) for x in self._state.inputs}
         for position, value in enumerate(inputs):
             if id(value) not in ids:
-                raise AutogradFunctionValueError(
-                    f"{prefix(self._jaxfn['function'])}: ctx.mark_dirty() takes this call's array "
-                    f"inputs, but argument {position} is a {type(value).__name__} that is not one of them."
+                raise error(
+                    AutogradFunctionTypeError,
+                    self._state.function,
+                    f"ctx.mark_dirty() takes this call's array inputs, but its argument {position} is "
+                    f"{type_name(value)} that is not one of them; pass the very arrays forward received",
                 )
 
     # -- read in backward ------------------------------------------------------------------
     @property
     def saved_variables(self) -> SavedVariables:
         """The values saved by name, as a read-only mapping with attribute access."""
-        return SavedVariables(self._jaxfn["function"], self._jaxfn["named"])
+        return SavedVariables(self._state.function, self._state.named, self.saved_tensors)
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
         """The values saved by position (or, if none were, those saved by name, in order)."""
-        return tuple(self._jaxfn["positional"]) or tuple(self._jaxfn["named"].values())
+        return tuple(self._state.positional) or tuple(self._state.named.values())
 
     @property
     def needs_input_grad(self) -> NeedsInputGrad:
         """Per parameter, whether JAX differentiates with respect to it in this trace."""
-        return NeedsInputGrad(self._jaxfn["function"], self._jaxfn["needs"])
+        return NeedsInputGrad(self._state.function, self._state.needs, self._state.needs_by_position)
 
     @property
     def materialize_grads(self) -> bool:
-        return self._jaxfn["materialize"]
+        """Whether cotangents that carry no gradient reach backward as zeros (else ``None``)."""
+        return self._state.materialize
 
     # -- user attributes -------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._OWN_NAMES or name == "_jaxfn":
-            raise AutogradFunctionTypeError(
-                f"{prefix(self._jaxfn['function'])}: ctx.{name} belongs to the context and can't be "
-                "overwritten; store your value under another name."
+        if name in _OWN_NAMES:
+            raise error(
+                AutogradFunctionTypeError,
+                self._state.function,
+                f"ctx.{name} belongs to the context and can't be overwritten; store your value under another name",
             )
-        self._jaxfn["attrs"][name] = value
+        self._attrs[name] = value
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_jaxfn":
-            raise AttributeError(name)
+        if name.startswith("__") or name in _OWN_NAMES:
+            raise AttributeError(name)  # Python's protocol look-ups, and slots not yet set
         try:
-            return self._jaxfn["attrs"][name]
+            return self._attrs[name]
         except KeyError:
-            raise ContextAttributeError(
-                f"{prefix(self._jaxfn['function'])}: "
-                + unknown_name("ctx", name, self._jaxfn["attrs"])
-                + " Set attributes on ctx in forward to read them in backward."
+            raise error(
+                ContextAttributeError,
+                self._state.function,
+                unknown_name("ctx", name, self._attrs) + " Set attributes on ctx in forward to read them in backward.",
             ) from None
 
     def __delattr__(self, name: str) -> None:
         self.__getattr__(name)
-        del self._jaxfn["attrs"][name]
+        del self._attrs[name]
 
     def _forward_only(self, method: str) -> None:
-        if not self._jaxfn["in_forward"]:
-            raise AutogradFunctionTypeError(
-                f"{prefix(self._jaxfn['function'])}: ctx.{method}() can only be called in forward."
+        if not self._state.in_forward:
+            raise error(
+                AutogradFunctionTypeError, self._state.function, f"ctx.{method}() can only be called in forward"
             )
 
+    def _end_forward(self) -> None:
+        self._state.in_forward = False
+        self._state.inputs = ()
+
     # -- crossing from forward to backward -------------------------------------------------
-    def to_residuals(self) -> tuple[list[Any], tuple[Any, ...]]:
+    def to_residuals(self) -> tuple[list[Any], Remainder]:
         """What the context holds, split into JAX arrays (residuals) and a static remainder."""
-        state = self._jaxfn
-        names = (tuple(state["named"]), tuple(state["attrs"]))  # in the user's order (JAX sorts dicts)
-        held = (state["positional"], tuple(state["named"].values()), tuple(state["attrs"].values()))
-        leaves, treedef = jax.tree_util.tree_flatten(held)
-        is_array = tuple(isinstance(leaf, jax.Array) for leaf in leaves)
-        arrays = [leaf for leaf, array in zip(leaves, is_array) if array]
-        statics = [None if array else leaf for leaf, array in zip(leaves, is_array)]
-        return arrays, (state["function"], state["needs"], state["materialize"], names, treedef, is_array, statics)
+        state = self._state
+        names = (tuple(state.named), tuple(self._attrs))  # in the user's order (JAX sorts dicts)
+        held = (state.positional, tuple(state.named.values()), tuple(self._attrs.values()))
+        with_paths, treedef = tree_flatten_with_path(held)
+        is_array = tuple(isinstance(leaf, jax.Array) for _, leaf in with_paths)
+        for (path, leaf), array in zip(with_paths, is_array):
+            if not array and not isinstance(leaf, _PLAIN) and _holds_tracer(leaf):
+                raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))
+        arrays = [leaf for (_, leaf), array in zip(with_paths, is_array) if array]
+        statics = tuple(None if array else leaf for (_, leaf), array in zip(with_paths, is_array))
+        remainder = Remainder(
+            dataclasses.replace(state, inputs=(), positional=(), named={}), names, treedef, is_array, statics
+        )
+        return arrays, remainder
 
     @classmethod
-    def from_residuals(cls, arrays: list[Any], static: tuple[Any, ...]) -> Context:
+    def from_residuals(cls, arrays: list[Any], remainder: Remainder) -> Context:
         """The backward-side context, rebuilt from ``to_residuals``'s two parts."""
-        function, needs, materialize, (named_keys, attr_keys), treedef, is_array, statics = static
         arrays_iter = iter(arrays)
-        leaves = [next(arrays_iter) if array else leaf for leaf, array in zip(statics, is_array)]
-        positional, named, attrs = jax.tree_util.tree_unflatten(treedef, leaves)
-        ctx = cls(function, needs)
-        ctx._jaxfn.update(
-            in_forward=False,
-            positional=positional,
-            named=dict(zip(named_keys, named)),
-            attrs=dict(zip(attr_keys, attrs)),
-            materialize=materialize,
-        )
+        leaves = [next(arrays_iter) if array else leaf for leaf, array in zip(remainder.statics, remainder.is_array)]
+        positional, named, attrs = jax.tree_util.tree_unflatten(remainder.treedef, leaves)
+        named_keys, attr_keys = remainder.names
+        ctx = cls.__new__(cls)
+        state = dataclasses.replace(remainder.state, positional=positional, named=dict(zip(named_keys, named)))
+        state.in_forward = False
+        object.__setattr__(ctx, "_state", state)
+        object.__setattr__(ctx, "_attrs", dict(zip(attr_keys, attrs)))
         return ctx
+
+
+# The context's own names, derived from the class: none of them can be set as an attribute.
+_OWN_NAMES = frozenset(name for name in dir(Context) if not name.startswith("__")) | set(Context.__slots__)
+
+
+def _holds_tracer(value: Any, depth: int = 3) -> bool:
+    """Whether a plain Python object holds a JAX tracer in its attributes or containers."""
+    if isinstance(value, jax.core.Tracer):
+        return True
+    if depth == 0 or isinstance(value, _PLAIN):
+        return False
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_tracer(v, depth - 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tracer(v, depth - 1) for v in value.values())
+    attributes = getattr(value, "__dict__", None)
+    return isinstance(attributes, dict) and any(_holds_tracer(v, depth - 1) for v in attributes.values())
+
+
+def _hidden_tracer(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]], leaf: Any) -> str:
+    """The sentence for an array hidden inside an object that JAX can't see into."""
+    group, index = path[0].idx, path[1].idx
+    if group == 0:
+        where = f"ctx.saved_tensors[{index}]"
+    elif group == 1:
+        where = f"saved value '{names[0][index]}'"
+    else:
+        where = f"ctx.{names[1][index]}"
+    return (
+        f"{where} is {type_name(leaf)} that holds arrays JAX is tracing, but JAX carries arrays from forward to "
+        "backward only as pytree leaves, so they would leak out of this trace; save the arrays themselves "
+        f"(ctx.save_for_backward(w=obj.w)) or register {type(leaf).__name__} as a pytree "
+        "(jax.tree_util.register_dataclass)"
+    )

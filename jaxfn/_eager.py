@@ -1,83 +1,303 @@
-"""The eager fast path: a compiled forward per static signature, for calls outside any trace.
+"""Eager calls: forward runs as the Python says, and a compiled copy only where nobody can tell.
 
-Called outside ``jit``/``grad``/``vmap`` (no argument is a tracer), a jaxfn function is not being
-differentiated, so only its forward runs. Running it op by op costs one dispatch per operation,
-as a hand-written ``jax.custom_vjp`` does; instead jaxfn compiles the forward once per key and
-calls the compiled version. The key is the call's static structure (pytree structure, static
-argument values) and each array's shape, dtype and weak type. The cache is an LRU of
-``MAX_ENTRIES`` compiled forwards, so calls with ever-new shapes do not grow memory without limit.
-A forward that needs concrete values (``if float(x.sum()) > 0:``) cannot be compiled: its key
-is remembered as eager-only and it runs op by op, as it would in PyTorch.
+Outside any trace (no JAX transformation is active and no argument is a tracer), nothing
+differentiates a call, so only forward runs. As in PyTorch, it runs op by op, once per call.
+jaxfn replaces it with a compiled copy only when that cannot change a result. The rule, per
+*key* (the call's pytree structure, its static argument values, and each array's shape and
+dtype):
+
+1. A key is cacheable only if every static argument is an immutable value: a number, string,
+   bytes, ``None``, NumPy scalar, dtype, type or enum member. Keys tell apart values that
+   compare equal (``1``, ``1.0``, ``True``, ``np.float32(1)``; ``0.0`` and ``-0.0``). Any other
+   static argument (an object, a list, a function) means op by op, every time, and nothing is
+   kept.
+2. The first call of a key runs op by op. The second traces forward (forward's Python runs
+   once, as the call's run) and evaluates the trace. The third traces it again: if the two
+   traces are identical, constants included, and forward reads nothing by name from outside
+   that could change (see ``_outside_reads``), the trace is compiled and used from then on.
+   Otherwise (a forward that draws from ``np.random``, reads a mutable object, or needs
+   concrete values) the key runs op by op for good.
+3. Before each compiled call, the values forward reads by name are checked to be the same
+   objects; if one was rebound, the key is validated again.
+
+The bookkeeping is guarded by a lock, so eager calls are safe from several threads. Compiled
+copies are shared by every ``AutogradFunction`` built from the same ``forward`` function, so a
+function re-created inside a loop does not compile again.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import dataclasses
+import enum
+import threading
+import types
+import weakref
 from typing import Any
 
 import jax
+import numpy as np
+from jax.extend.core import jaxpr_as_fun
+
+from . import _rule
+from ._arguments import STATIC, Arguments
+from ._errors import AutogradFunctionError
 
 MAX_ENTRIES = 128
 
-# What JAX raises when a forward needs a concrete value under jit.
-_NEEDS_VALUES = (
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerIntegerConversionError,
-)
 
-_EAGER_ONLY = object()
+def outside_traces(arrays: tuple[Any, ...]) -> bool:
+    """Whether no JAX transformation is active and no array is a tracer."""
+    # jax._src.core.trace_state_clean is the cheapest test of "no trace is active" (no public API).
+    return _trace_state_clean() and not any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
-class EagerCache:
-    """Compiled forwards of one jaxfn function, keyed by static structure and array types."""
+def _trace_state_clean() -> bool:
+    from jax._src import core
 
-    def __init__(self, max_entries: int = MAX_ENTRIES):
+    return core.trace_state_clean()
+
+
+class _OpByOp:
+    """A key that always runs op by op."""
+
+
+_OP_BY_OP = _OpByOp()
+_SEEN = object()  # called once, op by op
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Traced:
+    jaxpr: Any
+    info: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Compiled:
+    run: Any
+    info: Any
+    reads: tuple[tuple[Any, str, Any], ...]  # (namespace, name, value): what forward reads by name
+
+    def still_valid(self) -> bool:
+        return all(_lookup(where, name) is value for where, name, value in self.reads)
+
+
+class EagerPath:
+    """The eager calls of every jaxfn function built from one ``forward``."""
+
+    def __init__(self, forward: Any, max_entries: int = MAX_ENTRIES):
+        self._forward = weakref.ref(forward) if _weakrefable(forward) else (lambda: forward)
         self.max_entries = max_entries
         self._entries: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def call(self, args: Any, forward: Callable[[Any, tuple[Any, ...]], Any], fallback: Callable[[], Any]) -> Any:
-        """``forward(args, arrays)`` compiled and cached, or ``fallback()`` where it can't be."""
-        key = _key(args)
+    def states(self) -> list[str]:
+        """Each key's state, oldest first: 'seen', 'traced', 'compiled' or 'op by op' (for tests)."""
+        names = {_OpByOp: "op by op", _Traced: "traced", _Compiled: "compiled"}
+        return [names.get(type(entry), "seen") for entry in list(self._entries.values())]
+
+    def call(self, definition: _rule.Definition, args: Arguments) -> Any:
+        """Forward's output for one eager call, op by op or compiled, as the rule above says."""
+        key = _key(definition, args)
         if key is None:
-            return fallback()
-        entry = self._entries.get(key)
-        if entry is _EAGER_ONLY:
-            self._entries.move_to_end(key)
-            return fallback()
+            return _op_by_op(definition, args)
+        entry = self._get(key)
+        if type(entry) is _Compiled and entry.still_valid():
+            return entry.info.rebuild(entry.run(*args.arrays))
         if entry is None:
-            structure = args.structure()
-            entry = jax.jit(lambda *arrays: forward(structure, arrays))
-            try:
-                out = entry(*args.arrays)
-            except _NEEDS_VALUES:
-                self._store(key, _EAGER_ONLY)
-                return fallback()
-            self._store(key, entry)
-            return out
-        self._entries.move_to_end(key)
-        return entry(*args.arrays)
+            self._put(key, _SEEN)
+            return _op_by_op(definition, args)
+        if entry is _OP_BY_OP:
+            return _op_by_op(definition, args)
+        return self._trace(key, entry, definition, args)
 
-    def _store(self, key: Any, entry: Any) -> None:
-        self._entries[key] = entry
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+    def _trace(self, key: Any, entry: Any, definition: _rule.Definition, args: Arguments) -> Any:
+        try:
+            closed, info = _trace(definition, args)
+        except AutogradFunctionError:
+            raise  # a bad output: op by op would raise the same
+        except Exception:  # noqa: BLE001 - a forward that can't be traced (needs values): run it as Python does
+            self._put(key, _OP_BY_OP)
+            return _op_by_op(definition, args)
+        if type(entry) is _Traced:
+            reads = _outside_reads(definition.forward)
+            if not _same_trace(entry, closed, info) or reads is None:
+                self._put(key, _OP_BY_OP)
+            else:
+                run = jax.jit(jaxpr_as_fun(closed))
+                self._put(key, _Compiled(run, info, reads))
+                return info.rebuild(run(*args.arrays))
+        else:
+            self._put(key, _Traced(closed, info))
+        return info.rebuild(jaxpr_as_fun(closed)(*args.arrays))
+
+    def _get(self, key: Any) -> Any:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def _put(self, key: Any, entry: Any) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
 
 
-def outside_traces(arrays: tuple[Any, ...]) -> bool:
-    """Whether no array is a tracer: nothing is transforming this call."""
-    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+_PATHS: weakref.WeakKeyDictionary[Any, EagerPath] = weakref.WeakKeyDictionary()
+_PATHS_LOCK = threading.Lock()
 
 
-def _key(args: Any) -> Any:
-    """The cache key of a call, or None where a static value is unhashable."""
+def path_for(forward: Any) -> EagerPath:
+    """The eager path shared by every jaxfn function built from ``forward``."""
+    if not _weakrefable(forward):
+        return EagerPath(forward)
+    with _PATHS_LOCK:
+        path = _PATHS.get(forward)
+        if path is None:
+            path = _PATHS[forward] = EagerPath(forward)
+        return path
+
+
+def _weakrefable(value: Any) -> bool:
     try:
-        static = args.static_key()
+        weakref.ref(value)
     except TypeError:
+        return False
+    return True
+
+
+def _op_by_op(definition: _rule.Definition, args: Arguments) -> Any:
+    out, info = _rule.primal(definition, args, args.arrays)
+    return info.rebuild(out)
+
+
+def _trace(definition: _rule.Definition, args: Arguments) -> tuple[Any, Any]:
+    infos = []
+    structure = args.structure()
+
+    def forward(*arrays: Any) -> Any:
+        out, info = _rule.primal(definition, structure, arrays)
+        infos.append(info)
+        return out
+
+    closed = jax.make_jaxpr(forward)(*args.arrays)
+    return closed, infos[-1]
+
+
+def _same_trace(traced: _Traced, closed: Any, info: Any) -> bool:
+    """Whether two traces of forward are identical, constants and Python outputs included."""
+    a, b = traced.jaxpr, closed
+    if str(a.jaxpr) != str(b.jaxpr) or len(a.consts) != len(b.consts) or not traced.info.same_as(info):
+        return False
+    return all(_same_value(x, y) for x, y in zip(a.consts, b.consts))
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    try:
+        x, y = np.asarray(x), np.asarray(y)
+    except Exception:  # noqa: BLE001 - not readable as NumPy (a PRNG key): only identity counts
+        return x is y
+    return x.dtype == y.dtype and x.shape == y.shape and bool(np.all((x == y) | ((x != x) & (y != y))))
+
+
+# -- the key ---------------------------------------------------------------------------------
+class _Uncacheable(Exception):
+    pass
+
+
+def _key(definition: _rule.Definition, args: Arguments) -> Any:
+    """The cache key of a call, or None where a static value is not an immutable value."""
+    try:
+        statics = tuple(_value_key(s) for s, kind in zip(args.statics, args.kinds) if kind == STATIC)
+    except _Uncacheable:
         return None
-    types = tuple((a.shape, a.dtype, getattr(a, "weak_type", False)) for a in args.arrays)
-    return static, types
+    arrays = tuple(a.aval if isinstance(a, jax.Array) else (a.shape, a.dtype, "numpy") for a in args.arrays)
+    return definition.name, args.treedef, args.kinds, statics, arrays
+
+
+def _value_key(value: Any) -> Any:
+    """A key that tells apart values Python calls equal (1, 1.0, True; 0.0, -0.0)."""
+    kind = type(value)
+    if value is None or kind in (int, bool, str, bytes):
+        return kind, value
+    if kind is float:
+        return kind, value.hex()
+    if kind is complex:
+        return kind, value.real.hex(), value.imag.hex()
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return kind, value.dtype.str, value.tobytes()
+    if isinstance(value, np.dtype):
+        return np.dtype, value.str, value.name
+    if isinstance(value, enum.Enum):
+        return kind, value.name
+    if isinstance(value, type):
+        return type, value
+    raise _Uncacheable
+
+
+# -- what forward reads by name --------------------------------------------------------------
+_MISSING = object()
+_SAFE_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, np.ufunc, jax.Array)
+
+
+def _outside_reads(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
+    """The values ``forward`` reads by name from its globals and closure, to check before each
+    compiled call; None if one of them is a mutable object (then forward never compiles)."""
+    code = getattr(forward, "__code__", None)
+    if not isinstance(forward, types.FunctionType) or code is None:
+        return None  # a bound method or callable object may read its own mutable state
+    reads = []
+    namespace = forward.__globals__
+    for name in sorted(_names(code)):
+        value = namespace.get(name, _MISSING)
+        if value is _MISSING:
+            continue
+        if not _immutable(value):
+            return None
+        reads.append((namespace, name, value))
+    for cell in forward.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if not _immutable(value):
+            return None
+        reads.append((cell, "", value))
+    return tuple(reads)
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, _SAFE_TYPES) or value is None:
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(v) for v in value)
+    try:
+        _value_key(value)
+        return True
+    except _Uncacheable:
+        pass
+    module = type(value).__module__ or ""
+    return module.split(".")[0] in ("jax", "jaxlib", "jaxfn") and callable(value)  # jitted and custom functions
+
+
+def _lookup(where: Any, name: str) -> Any:
+    if isinstance(where, dict):
+        return where.get(name, _MISSING)
+    try:
+        return where.cell_contents
+    except ValueError:
+        return _MISSING

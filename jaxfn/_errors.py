@@ -1,4 +1,12 @@
-"""The exceptions jaxfn raises, and the one grammar their messages follow."""
+"""The exceptions jaxfn raises, and the one grammar their messages follow.
+
+Every message is made by :func:`error` (or :func:`raise_all`, which collects several) and reads
+
+    jaxfn: '<function>': <who> <did what>, but <what happened>; <the fix>.
+
+so a user always sees which function, which parameter or output, expected versus got, and
+what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck:`` instead.
+"""
 
 from __future__ import annotations
 
@@ -37,28 +45,53 @@ class GradcheckError(AutogradFunctionError, AssertionError):
     """``jaxfn.gradcheck`` found a gradient that disagrees with finite differences."""
 
 
-def prefix(name: str) -> str:
-    """The opening words of every message about the function ``name``."""
-    return f"jaxfn: '{name}'"
+GRADCHECK = "jaxfn.gradcheck"
 
 
-def raise_all(problems: list[tuple[type[AutogradFunctionError], str]]) -> None:
-    """Raise one error listing every (kind, message) problem of one call; nothing if none.
+def error(kind: type[AutogradFunctionError], function: str, sentence: str) -> AutogradFunctionError:
+    """The exception for one problem of the function ``function``: ``jaxfn: '<function>': <sentence>``.
+
+    ``function`` is the name of the jaxfn function, or :data:`GRADCHECK` for gradcheck's own
+    messages. The sentence ends with a full stop, added if it lacks one.
+    """
+    return kind(_opening(function) + _sentence(sentence))
+
+
+def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]], function: str) -> None:
+    """Raise one error listing every (kind, sentence) problem of one call; nothing if none.
 
     The error is a ValueError kind only when every problem is one (a shape mismatch).
     """
-    if not problems:
+    if not kind_and_sentences:
         return
-    kinds = {kind for kind, _ in problems}
+    kinds = {kind for kind, _ in kind_and_sentences}
     kind = kinds.pop() if len(kinds) == 1 else AutogradFunctionTypeError
-    if len(problems) == 1:
-        raise kind(f"jaxfn: {problems[0][1]}")
-    lines = "\n".join(f"  - {message}" for _, message in problems)
-    raise kind(f"jaxfn: {len(problems)} problems in one call:\n{lines}")
+    if len(kind_and_sentences) == 1:
+        raise error(kind, function, kind_and_sentences[0][1])
+    lines = "\n".join(f"  - {_sentence(sentence)}" for _, sentence in kind_and_sentences)
+    raise error(kind, function, f"{len(kind_and_sentences)} problems in one call:\n{lines}")
+
+
+def _opening(function: str) -> str:
+    return f"{GRADCHECK}: " if function == GRADCHECK else f"jaxfn: '{function}': "
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "\n")) else text + "."
+
+
+def a(word: str) -> str:
+    """``word`` with its indefinite article: 'an int', 'a str', 'an array of shape (3,)'."""
+    return ("an " if word[:1].lower() in "aeiou" else "a ") + word
+
+
+def type_name(value: object) -> str:
+    """How messages name the type of a value, with its article: 'an int', 'a NoneType'."""
+    return a(type(value).__name__)
 
 
 def unknown_name(what: str, name: object, known: Iterable[str]) -> str:
-    """The message for a name that does not exist, listing the ones that do."""
+    """The sentence for a name that does not exist, listing the ones that do."""
     known = sorted(str(k) for k in known)
     listed = ", ".join(repr(k) for k in known) if known else "none"
     return f"{what} has no {name!r}; the names it has are: {listed}."

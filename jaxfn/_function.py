@@ -2,32 +2,40 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from jax.custom_derivatives import CustomVJPPrimal
 
-from . import _arguments, _eager, _forward_mode, _gradients, _outputs
-from ._context import Context
-from ._errors import AutogradFunctionTypeError, prefix
+from . import _arguments, _eager, _forward_mode, _reverse_mode, _rule
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
 _JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
 
 _FORWARD_MODE_HELP = (
-    "{name} was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize), but it "
+    "it was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize), but it "
     "defines a backward (reverse mode) only, and jax.custom_vjp refuses forward mode. Use "
     "reverse mode (jax.grad, jax.vjp, jax.jacrev), or build it with "
     "jaxfn.autograd_function(forward, backward, forward_mode=True) (or forward_mode = True on a "
-    "jaxfn.Function) so that the same backward also gives forward mode."
+    "jaxfn.Function) so that the same backward also gives forward mode"
+)
+
+_CLOSURE_HELP = (
+    "forward or backward reads a value that JAX is tracing from outside its arguments (it closes over "
+    "a value being differentiated, or keeps one from another trace), but a custom rule can only give "
+    "gradients for its own parameters, so that gradient would be lost; pass the value to the function "
+    "as an argument instead"
 )
 
 
 class AutogradFunction:
-    """A differentiable function made of a ``forward`` and a ``backward`` (see ``autograd_function``)."""
+    """A differentiable function made of a ``forward`` and a ``backward`` (see ``autograd_function``).
+
+    A call binds its arguments, then runs forward on the eager path (outside any trace) or
+    through the builder of its mode: ``jax.custom_vjp`` (``_reverse_mode``), or
+    ``jax.custom_jvp`` by transposing backward (``_forward_mode``).
+    """
 
     def __init__(
         self,
@@ -38,123 +46,96 @@ class AutogradFunction:
         forward_mode: bool = False,
     ):
         self.name = name if name is not None else getattr(forward, "__name__", "function")
-        _check_definition(self.name, "forward", forward)
-        _check_definition(self.name, "backward", backward)
-        self.forward = forward
-        self.backward = backward
+        self._definition = _rule.Definition.of(self.name, forward, backward)
         self.forward_mode = bool(forward_mode)
-        self._signature = inspect.signature(forward)
-        self._backward_signature = inspect.signature(backward)
-        self._positional = _arguments.positional_names(self._signature)
-        self._eager = _eager.EagerCache()
+        self._build = _forward_mode.build if self.forward_mode else _reverse_mode.build
+        self._eager = _eager.path_for(forward)
         self.__doc__ = forward.__doc__
         self.__name__ = self.name
+
+    @property
+    def forward(self) -> Callable[..., Any]:
+        return self._definition.forward
+
+    @property
+    def backward(self) -> Callable[..., Any]:
+        return self._definition.backward
 
     def __repr__(self) -> str:
         return f"<jaxfn.AutogradFunction '{self.name}'>"
 
+    def __reduce__(self) -> Any:
+        return (_rebuild, (self.forward, self.backward, self.name, self.forward_mode))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        arguments = _arguments.split(_arguments.bind(self.name, self._signature, args, kwargs, self._positional))
+        arguments = self._definition.bind(args, kwargs)
         if _eager.outside_traces(arguments.arrays):
-            return self._eager.call(arguments, self._primal, lambda: self._call(arguments))
-        return self._call(arguments)
+            return self._eager.call(self._definition, arguments)
+        return self._traced(arguments)
 
-    def _primal(self, args: _arguments.Arguments, arrays: tuple[Any, ...]) -> Any:
-        """Forward's output alone: what a call that nothing differentiates needs."""
-        return self._run_forward(args, arrays, [False] * len(arrays))[1]
-
-    def _call(self, arguments: _arguments.Arguments) -> Any:
+    def _traced(self, arguments: _arguments.Arguments) -> Any:
+        """The call under a JAX transformation, through this mode's custom rule."""
+        if _closes_over_differentiated(self.forward) or _closes_over_differentiated(self.backward):
+            raise error(AutogradFunctionTypeError, self.name, _CLOSURE_HELP)
         try:
-            structure = arguments.structure()  # the custom_vjp keeps no reference to this call's arrays
-            built = _forward_mode.build(self, structure) if self.forward_mode else self._build(structure)
-            return built(*arguments.arrays)
-        except TypeError as err:
-            if _JVP_REFUSAL in str(err):
-                raise AutogradFunctionTypeError(_FORWARD_MODE_HELP.format(name=prefix(self.name))) from err
+            call = self._build(self._definition, arguments.structure())  # keeps no reference to the arrays
+            return call(*arguments.arrays)
+        except AutogradFunctionError:
             raise
+        except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words
+            translated = _translate(self.name, err)
+            if translated is None:
+                raise
+            raise translated from err
 
-    # -- one call: the custom_vjp ----------------------------------------------------------
-    def _build(self, args: _arguments.Arguments) -> Callable[..., Any]:
-        """The ``jax.custom_vjp`` for one call's static structure, over its array leaves.
+    def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
+        """For a call, whether each output leaf carries a gradient (``None`` for Python values).
 
-        JAX may trace ``fwd`` of one call several times (once per set of differentiated
-        arguments) before an earlier trace's ``bwd`` runs, and it keeps only the latest trace's
-        residual tree structure. So each trace's static state goes into ``traces``, and the
-        trace's index travels as the shape of a zero-size residual, ``(0, index)``: shapes are
-        static, so each ``bwd`` reads its own trace's state.
+        Runs forward abstractly (``jax.eval_shape``); ``jaxfn.gradcheck`` uses it to leave out
+        outputs marked non-differentiable.
         """
-        traces: list[tuple[Any, ...]] = []
+        arguments = self._definition.bind(args, kwargs)
+        infos = []
 
-        @jax.custom_vjp
-        def primal(*arrays: Any) -> Any:
-            return self._primal(args, arrays)
+        def run(*arrays: Any) -> Any:
+            out, info = _rule.primal(self._definition, arguments.structure(), arrays)
+            infos.append(info)
+            return out
 
-        def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
-            arrays = [p.value for p in primals]
-            perturbed = [p.perturbed for p in primals]
-            ctx, out, info = self._run_forward(args, arrays, perturbed)
-            saved, static = ctx.to_residuals()
-            avals = _arguments.shape_dtypes(arrays)
-            traces.append((static, info, avals, perturbed))
-            return out, (saved, jnp.zeros((0, len(traces) - 1), jnp.uint8))
+        jax.eval_shape(run, *arguments.arrays)
+        flags = iter(infos[-1].differentiable)
+        return infos[-1].rebuild([next(flags) for _ in infos[-1].avals])
 
-        def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
-            saved, token = residuals
-            static, info, avals, perturbed = traces[token.shape[1]]
-            ctx = Context.from_residuals(saved, static)
-            grads = self._run_backward(ctx, _outputs.grad_outputs(info, cotangents, ctx.materialize_grads))
-            return tuple(_gradients.to_cotangents(self.name, args, grads, avals, perturbed))
 
-        primal.defvjp(fwd, bwd, symbolic_zeros=True)
-        return primal
-
-    def _run_forward(
-        self, args: _arguments.Arguments, arrays: Any, perturbed: list[bool]
-    ) -> tuple[Context, Any, _outputs.Outputs]:
-        """Call the user's forward on one trace's arrays, with a fresh context."""
-        owners = [args.owners[i] for i in args.array_positions()]
-        needs = {name: False for name in args.names}
-        for owner, flag in zip(owners, perturbed):
-            needs[args.names[owner]] = needs[args.names[owner]] or bool(flag)
-        ctx = Context(self.name, needs, inputs=arrays)
-        out = _arguments.call_forward(self.forward, self._signature, ctx, args.names, args.values(arrays))
-        ctx._jaxfn["in_forward"] = False
-        out, info = _outputs.check(self.name, out, ctx._jaxfn["non_differentiable"])
-        return ctx, out, info
-
-    def _run_backward(self, ctx: Context, grad_outputs: list[Any]) -> dict[str, Any]:
-        """Call the user's backward, and return its gradients by parameter name."""
+def _closes_over_differentiated(function: Any) -> bool:
+    """Whether ``function`` closes over a value that JAX is differentiating (a JVP tracer)."""
+    cells = getattr(function, "__closure__", None) or ()
+    for cell in cells:
         try:
-            self._backward_signature.bind(ctx, *grad_outputs)
-        except TypeError:
-            raise AutogradFunctionTypeError(
-                f"{prefix(self.name)}: backward must accept ctx and {len(grad_outputs)} grad_output "
-                f"argument(s), one per output of forward, but its signature is "
-                f"{self._backward_signature}."
-            ) from None
-        returned = self.backward(ctx, *grad_outputs)
-        names = tuple(self._parameter_names())
-        return _gradients.by_parameter(self.name, names, returned)
-
-    def _parameter_names(self) -> list[str]:
-        return list(self._signature.parameters)[1:]
+            leaves = jax.tree_util.tree_leaves(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+        if any(type(leaf).__name__ in _DIFFERENTIATING_TRACERS for leaf in leaves):
+            return True
+    return False
 
 
-def _check_definition(name: str, role: str, function: Any) -> None:
-    """A forward or backward must be callable and take the context first."""
-    if not callable(function):
-        raise AutogradFunctionTypeError(
-            f"{prefix(name)}: {role} must be a function taking ctx first, but got a {type(function).__name__}."
-        )
-    try:
-        has_ctx = _arguments.context_parameter(function) is not None
-    except (TypeError, ValueError):  # no signature to read (some builtins): trust the caller
-        return
-    if not has_ctx:
-        raise AutogradFunctionTypeError(
-            f"{prefix(name)}: {role} must take the context as its first parameter, as in "
-            f"{role}(ctx, ...), but its signature is {inspect.signature(function)}."
-        )
+# JAX's tracers of forward and reverse mode (jax._src.interpreters.ad; no public names).
+_DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
+
+
+def _rebuild(forward: Any, backward: Any, name: str, forward_mode: bool) -> AutogradFunction:
+    return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode)
+
+
+def _translate(name: str, err: Exception) -> AutogradFunctionError | None:
+    """jaxfn's words for JAX's refusals that a user of a jaxfn function can meet; None for others."""
+    text = str(err)
+    if _JVP_REFUSAL in text or "can't apply forward-mode autodiff" in text:
+        return error(AutogradFunctionTypeError, name, _FORWARD_MODE_HELP)
+    if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
+        return error(AutogradFunctionTypeError, name, _CLOSURE_HELP)
+    return None
 
 
 def autograd_function(
@@ -253,8 +234,10 @@ class Function:
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """Call the function (as PyTorch's ``Function.apply``)."""
         if cls._jaxfn is None:
-            raise AutogradFunctionTypeError(
-                f"{prefix(cls.__name__)}: a jaxfn.Function subclass needs static methods forward(ctx, ...) "
-                "and backward(ctx, grad_output) before .apply can be called."
+            raise error(
+                AutogradFunctionTypeError,
+                cls.__name__,
+                "a jaxfn.Function subclass needs static methods forward(ctx, ...) and backward(ctx, grad_output) "
+                "before .apply can be called",
             )
         return cls._jaxfn(*args, **kwargs)

@@ -11,7 +11,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from ._arguments import DIFF, STATIC, Arguments
-from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, prefix, raise_all
+from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, error, raise_all, type_name
 
 _FORMS = (
     "backward must return a dict keyed by parameter name, a tuple/list with one entry per "
@@ -19,32 +19,70 @@ _FORMS = (
 )
 
 
-def by_parameter(function: str, names: tuple[str, ...], returned: Any) -> dict[str, Any]:
-    """Backward's return value as {parameter name: gradient pytree or None}."""
+def by_parameter(function: str, args: Arguments, returned: Any) -> dict[str, Any]:
+    """Backward's return value as {parameter name: gradient pytree or None}.
+
+    A tuple/list has one entry per argument as PyTorch counts them (``args.slots``: each
+    element of a ``*args`` parameter is one); extra trailing ``None`` entries are ignored, as
+    PyTorch ignores them.
+    """
+    names, slots = args.names, args.slots
     if returned is None:
         return {}
-    if isinstance(returned, Mapping) and (len(names) != 1 or set(returned) <= set(names)):
+    if isinstance(returned, Mapping) and (len(slots) != 1 or set(returned) <= set(names)):
         unknown = [key for key in returned if key not in names]
         if unknown:
-            raise AutogradFunctionTypeError(
-                f"{prefix(function)}: backward returned gradients for {', '.join(map(repr, unknown))}, "
-                f"but the parameters of '{function}' are {', '.join(map(repr, names))}."
+            raise error(
+                AutogradFunctionTypeError,
+                function,
+                f"backward returned gradients for {', '.join(map(repr, unknown))}, but the parameters of "
+                f"'{function}' are {', '.join(map(repr, names))}",
             )
         return dict(returned)
-    if isinstance(returned, (tuple, list)) and (len(names) != 1 or len(returned) == 1):
-        if len(returned) != len(names):
-            raise AutogradFunctionTypeError(
-                f"{prefix(function)}: backward returned {len(returned)} gradients, but '{function}' has "
-                f"{len(names)} parameters ({', '.join(names)}); return one entry per parameter "
-                "(None for no gradient), or a dict keyed by name."
-            )
-        return dict(zip(names, returned))
-    if len(names) == 1:
-        return {names[0]: returned}
-    raise AutogradFunctionTypeError(
-        f"{prefix(function)}: {_FORMS}, but it returned {describe(returned)} "
-        f"for a function with {len(names)} parameters ({', '.join(names)})."
+    if isinstance(returned, (tuple, list)) and not (len(slots) == 1 and _own_gradient(args, returned)):
+        return _from_slots(args, _per_slot(function, args, returned))
+    if len(slots) == 1:
+        return _from_slots(args, [returned])
+    raise error(
+        AutogradFunctionTypeError,
+        function,
+        f"{_FORMS}, but it returned {describe(returned)} for a function with {len(slots)} parameters "
+        f"({', '.join(map(args.slot_name, slots))})",
     )
+
+
+def _own_gradient(args: Arguments, returned: tuple | list) -> bool:
+    """For a one-argument call: whether a tuple/list is that argument's own (pytree) gradient."""
+    position, index = args.slots[0]
+    child = args.treedef.children()[position]
+    if index is not None:
+        child = child.children()[index]
+    return len(returned) != 1 and child.num_nodes > 1 and child.num_children == len(returned)
+
+
+def _per_slot(function: str, args: Arguments, returned: tuple | list) -> list[Any]:
+    count = len(args.slots)
+    if len(returned) < count or any(g is not None for g in returned[count:]):
+        listed = ", ".join(map(args.slot_name, args.slots)) or "none"
+        raise error(
+            AutogradFunctionTypeError,
+            function,
+            f"backward returned {len(returned)} gradient{'s' * (len(returned) != 1)} for {count} "
+            f"parameter{'s' * (count != 1)} ({listed}); return one entry per parameter (None for no gradient), "
+            "or a dict keyed by name",
+        )
+    return list(returned[:count])
+
+
+def _from_slots(args: Arguments, per_slot: list[Any]) -> dict[str, Any]:
+    grads: dict[str, Any] = {}
+    for (position, index), grad in zip(args.slots, per_slot):
+        name = args.names[position]
+        if index is None:
+            grads[name] = grad
+        else:
+            grads[name] = (*grads.get(name, ()), grad)
+    return grads
 
 
 def to_cotangents(
@@ -69,7 +107,7 @@ def to_cotangents(
             continue
         checked = _check_leaf(function, args.paths[leaf], grad, aval, problems)
         cotangents.append(checked if want else None)
-    raise_all(problems)
+    raise_all(problems, function)
     return cotangents
 
 
@@ -89,7 +127,7 @@ def _spread(
             problems.append(
                 (
                     AutogradFunctionTypeError,
-                    f"backward of '{function}' returned {describe(g)} for '{name}', "
+                    f"backward returned {describe(g)} for '{name}', "
                     f"but that part of '{name}' is a pytree with {n} leaves; return a gradient of the same structure.",
                 )
             )
@@ -97,8 +135,8 @@ def _spread(
             problems.append(
                 (
                     AutogradFunctionTypeError,
-                    f"backward of '{function}' returned a gradient for '{args.paths[ids]}', but it is a static "
-                    f"argument (a {type(args.statics[ids]).__name__}), not an array, so it can't have one; return "
+                    f"backward returned a gradient for '{args.paths[ids]}', but it is a static "
+                    f"argument ({type_name(args.statics[ids])}), not an array, so it can't have one; return "
                     f"None for it, or pass a floating-point jnp array to make it differentiable.",
                 )
             )
@@ -112,7 +150,7 @@ def _spread(
         problems.append(
             (
                 AutogradFunctionTypeError,
-                f"backward of '{function}' returned a gradient for '{name}' with pytree structure "
+                f"backward returned a gradient for '{name}' with pytree structure "
                 f"{jax.tree_util.tree_structure(grad)}, but '{name}' has structure "
                 f"{jax.tree_util.tree_structure(template)}; return the same structure (None for no gradient).",
             )
@@ -130,7 +168,7 @@ def describe(value: Any) -> str:
     """A value as messages name it: 'an array of shape (3,) and dtype float32', 'a str'."""
     if isinstance(value, (jax.Array, np.ndarray)):
         return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
-    return f"a {type(value).__name__}"
+    return type_name(value)
 
 
 def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: list[tuple[type, str]]) -> Any:
@@ -139,14 +177,14 @@ def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: lis
         problems.append(
             (
                 AutogradFunctionTypeError,
-                f"backward of '{function}' returned {describe(grad)} as the gradient for '{where}', "
+                f"backward returned {describe(grad)} as the gradient for '{where}', "
                 "but a gradient must be an array (or None).",
             )
         )
         return None
     grad = jnp.asarray(grad)
     shape, dtype = tuple(primal.shape), primal.dtype
-    got = f"backward of '{function}' returned a gradient for '{where}' with"
+    got = f"backward returned a gradient for '{where}' with"
     if not jnp.issubdtype(grad.dtype, jnp.inexact):
         problems.append(
             (
@@ -178,11 +216,11 @@ def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: lis
     return grad if grad.dtype == dtype else grad.astype(dtype)
 
 
-def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    try:
-        return np.broadcast_shapes(shape, target) == tuple(target)
-    except ValueError:
+def _broadcasts_to(shape: tuple[Any, ...], target: tuple[Any, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``target``; dimensions may be symbolic (``jax.export``)."""
+    if len(shape) > len(target):
         return False
+    return all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))
 
 
 def _sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:

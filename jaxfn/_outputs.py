@@ -1,4 +1,9 @@
-"""Forward's outputs: checking them, and handing their cotangents to backward."""
+"""Forward's outputs: checking them, keeping Python values apart, and handing cotangents to backward.
+
+An output is any pytree. Its array leaves (JAX arrays, and NumPy numeric arrays, made JAX
+arrays) are what the custom rule returns to JAX; every other leaf (a Python number, a string, a
+small object) is kept on the Python side and put back in place, unchanged, also under ``jit``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
-from ._errors import AutogradFunctionTypeError, prefix
+from ._arguments import ARRAY, DIFF, STATIC, dtype_kind
+from ._errors import AutogradFunctionTypeError, error, type_name
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -19,61 +25,102 @@ class Outputs:
     """The static description of forward's outputs, carried to backward."""
 
     treedef: Any
-    avals: tuple[jax.ShapeDtypeStruct, ...]  # one per leaf
-    differentiable: tuple[bool, ...]  # one per leaf
+    statics: tuple[Any, ...]  # one per leaf: the value of a Python leaf, else None
+    is_array: tuple[bool, ...]  # one per leaf
+    avals: tuple[jax.ShapeDtypeStruct, ...]  # one per array leaf
+    differentiable: tuple[bool, ...]  # one per array leaf
     is_sequence: bool  # a tuple/list output: one grad_output per element
 
-    @property
-    def count(self) -> int:
-        """How many grad_outputs backward receives."""
-        return self.treedef.num_children if self.is_sequence else 1
+    def rebuild(self, arrays: Any) -> Any:
+        """The output pytree from its array leaves, Python values put back in place."""
+        arrays = iter(arrays)
+        return tree_unflatten(self.treedef, [next(arrays) if a else s for s, a in zip(self.statics, self.is_array)])
+
+    def same_as(self, other: Outputs) -> bool:
+        """Whether two traces of forward gave the same output structure and Python values."""
+        return (
+            self.treedef == other.treedef
+            and self.is_array == other.is_array
+            and self.avals == other.avals
+            and self.differentiable == other.differentiable
+            and _strict(self.statics) == _strict(other.statics)
+        )
 
 
-def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[Any, Outputs]:
-    """Forward's output with Python numbers made arrays, and its description; raises if bad."""
+def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[Any], Outputs]:
+    """Forward's array leaves and the description of its output; raises if it is not valid."""
     if out is None:
-        raise AutogradFunctionTypeError(
-            f"{prefix(function)}: forward returned None; it must return an array, a tuple/list of "
-            "arrays or a pytree of arrays (did it miss a return statement?)."
+        raise error(
+            AutogradFunctionTypeError,
+            function,
+            "forward returned None, but it must return an array, a tuple/list of arrays or a pytree of arrays "
+            "(did it miss a return statement?)",
         )
     with_paths, treedef = tree_flatten_with_path(out)
-    leaves = [_as_array(function, path, leaf) for path, leaf in with_paths]
+    leaves = [leaf for _, leaf in with_paths]
     marked = {id(x) for x in non_differentiable}
     found = {id(leaf) for leaf in leaves if id(leaf) in marked}
     if len(found) != len(marked):
-        raise AutogradFunctionTypeError(
-            f"{prefix(function)}: ctx.mark_non_differentiable() takes arrays that forward returns, "
-            f"but {len(marked) - len(found)} of its arguments are not among forward's outputs; pass the "
-            "very arrays you return."
+        raise error(
+            AutogradFunctionTypeError,
+            function,
+            f"ctx.mark_non_differentiable() takes values that forward returns, but {len(marked) - len(found)} of "
+            "its arguments are not among forward's outputs; pass the very arrays you return",
         )
-    differentiable = tuple(id(leaf) not in marked and jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in leaves)
-    avals = tuple(jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype) for leaf in leaves)
-    info = Outputs(treedef, avals, differentiable, isinstance(out, (tuple, list)))
-    return tree_unflatten(treedef, leaves), info
+    is_array = tuple(_is_array(function, path, leaf) for path, leaf in with_paths)
+    if not any(is_array):
+        what = f"its output is {type_name(out)}" if not with_paths or with_paths[0][1] is out else "it has none"
+        raise error(
+            AutogradFunctionTypeError,
+            function,
+            f"forward must return arrays (an array, a tuple/list or pytree of them, with Python values beside them "
+            f"if you like), but {what}",
+        )
+    arrays = [jnp.asarray(leaf) for leaf, array in zip(leaves, is_array) if array]
+    statics = tuple(None if array else leaf for leaf, array in zip(leaves, is_array))
+    unmarked = [id(leaf) not in marked for leaf, array in zip(leaves, is_array) if array]
+    differentiable = tuple(keep and dtype_kind(a.dtype) == DIFF for keep, a in zip(unmarked, arrays))
+    avals = tuple(jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in arrays)
+    info = Outputs(treedef, statics, is_array, avals, differentiable, isinstance(out, (tuple, list)))
+    return arrays, info
 
 
-def _as_array(function: str, path: tuple, leaf: Any) -> Any:
+def _is_array(function: str, path: tuple, leaf: Any) -> bool:
     if isinstance(leaf, jax.Array):
-        return leaf
-    if isinstance(leaf, (np.ndarray, np.generic, bool, int, float, complex)):
-        return jnp.asarray(leaf)
-    where = f"output{keystr(path)}" if path else "its output"
-    raise AutogradFunctionTypeError(
-        f"{prefix(function)}: forward must return arrays (a tuple/list or pytree of them; Python numbers "
-        f"are made arrays), but {where} is a {type(leaf).__name__}."
-    )
+        return True
+    if isinstance(leaf, np.ndarray):
+        if dtype_kind(leaf.dtype) in (DIFF, ARRAY):
+            return True
+        where = f"output{keystr(path)}" if path else "its output"
+        raise error(
+            AutogradFunctionTypeError,
+            function,
+            f"forward returned a NumPy array of dtype {leaf.dtype} as {where}, but JAX can only hold numeric "
+            "arrays; return it as a Python list or object, or convert it to numbers",
+        )
+    return False
 
 
-def grad_outputs(info: Outputs, cotangents: Any, materialize: bool) -> list[Any]:
-    """The grad_output arguments for backward: zeros (or None) where no gradient flows."""
-    leaves = info.treedef.flatten_up_to(cotangents)
-    handed = [
+def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> list[Any]:
+    """The grad_output arguments for backward: zeros (or None) where no gradient flows.
+
+    ``cotangents`` has one entry per array leaf. Python values in the output get ``None``.
+    """
+    per_array = [
         ct if differentiable and not isinstance(ct, SymbolicZero) else _no_gradient(aval, materialize)
-        for ct, aval, differentiable in zip(leaves, info.avals, info.differentiable)
+        for ct, aval, differentiable in zip(cotangents, info.avals, info.differentiable)
     ]
-    tree = tree_unflatten(info.treedef, handed)
+    handed = iter(per_array)
+    tree = tree_unflatten(info.treedef, [next(handed) if a else None for a in info.is_array])
     return list(tree) if info.is_sequence else [tree]
 
 
 def _no_gradient(aval: jax.ShapeDtypeStruct, materialize: bool) -> Any:
-    return jnp.zeros(aval.shape, aval.dtype) if materialize else None
+    if not materialize or dtype_kind(aval.dtype) == STATIC or jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
+        return None  # a PRNG key has no zeros
+    return jnp.zeros(aval.shape, aval.dtype)
+
+
+def _strict(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Python values with their types, so that 1, 1.0 and True (and 0.0, -0.0) differ."""
+    return tuple((type(v), repr(v)) for v in values)

@@ -91,20 +91,25 @@ def test_complex_follows_jax_convention():
 
 def test_output_forms():
     def forward(ctx, x):
-        return {"double": x * 2, "pair": (x + 1, 3.0)}  # a pytree; a Python number becomes an array
+        return {"double": x * 2, "pair": (x + 1, 3.0)}  # a pytree; a Python number stays a Python number
 
     seen = []
 
     def backward(ctx, g):
-        seen.append(jax.tree_util.tree_structure(g))
-        return g["double"] * 2 + g["pair"][0] + g["pair"][1]
+        seen.append(jax.tree_util.tree_structure(g, is_leaf=lambda v: v is None))
+        assert g["pair"][1] is None  # a Python value gets no cotangent
+        return g["double"] * 2 + g["pair"][0]
 
     f = jaxfn.autograd_function(forward, backward)
     out = f(jnp.ones(2))
-    assert isinstance(out["pair"][1], jax.Array)
+    assert type(out["pair"][1]) is float and out["pair"][1] == 3.0
+    inside_jit = []
+    jax.jit(lambda x: inside_jit.append(type(f(x)["pair"][1])) or x)(jnp.ones(2))
+    assert inside_jit == [float]  # also under jit
     got = jax.grad(lambda x: f(x)["double"].sum() + f(x)["pair"][0].sum())(jnp.ones(2))
     np.testing.assert_allclose(got, [3.0, 3.0])
-    assert seen and seen[0] == jax.tree_util.tree_structure({"double": 0, "pair": (0, 0)})
+    expected = jax.tree_util.tree_structure({"double": 0, "pair": (0, None)}, is_leaf=lambda v: v is None)
+    assert seen and seen[0] == expected
 
 
 def test_one_grad_output_per_tuple_element():

@@ -234,7 +234,7 @@ def test_mark_dirty_accepts_inputs_and_rejects_others():
         return x
 
     g = jaxfn.autograd_function(bad, lambda ctx, grad: grad, name="bad_")
-    with pytest.raises(ValueError, match=r"'bad_': ctx.mark_dirty\(\) takes this call's array inputs"):
+    with pytest.raises(TypeError, match=r"'bad_': ctx.mark_dirty\(\) takes this call's array inputs"):
         g(jnp.ones(2))
 
 

@@ -121,20 +121,95 @@ def test_class_attribute():
 @pytest.mark.parametrize(
     "backward, what",
     [
-        (lambda ctx, g: jnp.ones(2), "does not depend on grad_output and is not zero"),
-        (lambda ctx, g: g**2, "transposing it failed"),
-        (lambda ctx, g: jnp.clip(g, -1, 1), "transposing it failed"),
+        (lambda ctx, g: jnp.ones(2), "its gradient for 'x' does not depend on grad_output and is not zero"),
+        (lambda ctx, g: g**2, "the operation 'integer_pow' in backward is applied to a value computed from"),
+        (lambda ctx, g: g * g, "the operation 'mul' in backward multiplies two values computed from grad_output"),
+        (lambda ctx, g: jnp.clip(g, -1, 1), "the operation '(clamp|max|min|pjit|jit)'"),
+        (lambda ctx, g: jnp.where(g > 0, g, 0.0), "the operation 'gt' in backward is applied"),
+        (lambda ctx, g: g / jnp.linalg.norm(g), "the operation '(mul|sqrt|div|pow|reduce_sum|integer_pow)'"),
+        (lambda ctx, g: g + 1.0, "the operation 'add' in backward adds a term that does not depend on grad_output"),
+        (lambda ctx, g: g * 2.0 + ctx.bias, "the backward is affine"),
+        (lambda ctx, g: jax.nn.relu(g), "the operation 'max'"),
+        (lambda ctx, g: jax.lax.stop_gradient(g), "the operation 'stop_gradient'"),
+        (lambda ctx, g: jnp.where(ctx.mask, g, 1.0), "'select_n' in backward adds a term that does not depend"),
+        (lambda ctx, g: jax.lax.cond(g.sum() > 0, lambda: g, lambda: -g), "the operation '(reduce_sum|gt|cond)'"),
     ],
-    ids=["ignores", "squares", "clips"],
+    ids=[
+        "ignores",
+        "squares",
+        "g*g",
+        "clips",
+        "where",
+        "normalizes",
+        "g+1",
+        "affine",
+        "relu",
+        "stop_gradient",
+        "where-const",
+        "cond-on-g",
+    ],
 )
 def test_backward_not_linear_in_grad_output_is_refused(backward, what):
-    f = jaxfn.autograd_function(lambda ctx, x: x * 2, backward, name="clip_grad", forward_mode=True)
-    with pytest.raises(
-        jaxfn.AutogradFunctionError,
-        match=r"'clip_grad' has forward_mode=True, so its backward must "
-        rf"be linear in grad_output.*{what}.*without forward_mode=True",
-    ):
-        jax.jvp(f, (jnp.ones(2),), (jnp.ones(2),))
+    def forward(ctx, x):
+        ctx.bias = jnp.arange(2.0)
+        ctx.mask = x > 1
+        return x * 2
+
+    f = jaxfn.autograd_function(forward, backward, name="clip_grad", forward_mode=True)
+    for transform in (lambda: jax.jvp(f, (jnp.ones(2),), (jnp.ones(2),)), lambda: jax.jit(jax.jacfwd(f))(jnp.ones(2))):
+        with pytest.raises(
+            jaxfn.AutogradFunctionError,
+            match=r"'clip_grad': it has forward_mode=True, so its backward must "
+            rf"be linear in grad_output.*{what}.*without forward_mode=True",
+        ):
+            transform()
+
+
+def _linear_backwards():
+    inner_vjp = jax.custom_vjp(lambda u: u * 3.0)
+    inner_vjp.defvjp(lambda u: (u * 3.0, None), lambda _, g: (g * 3.0,))
+    triple = jaxfn.autograd_function(lambda ctx, u: u * 3.0, lambda ctx, g: g * 3.0, name="triple")
+    m = jnp.array([[2.0, 1.0], [0.0, 3.0]])
+    return {
+        "many ops": lambda ctx, g: (
+            (jnp.cumsum(g[::-1])[::-1] * 2.0 + jnp.roll(g, 1) - 0.0 * g) / 3.0 * 3.0
+            - jnp.roll(g, 1)
+            + jnp.concatenate([g[:1], g[1:]])
+            - g
+            + jnp.where(ctx.mask, g, 0.0)
+            - jnp.where(ctx.mask, g, 0.0)
+        ),
+        "matmul": lambda ctx, g: jnp.linalg.solve(m, m @ g),
+        "custom_vjp on g": lambda ctx, g: inner_vjp(g) / 3.0 * 2.0,
+        "jaxfn on g": lambda ctx, g: triple(g) / 3.0 * 2.0,
+        "jit on g": lambda ctx, g: jax.jit(lambda u: u * 2.0)(g),
+        "cond on x": lambda ctx, g: jax.lax.cond(ctx.flag.sum() > 0, lambda: g * 2.0, lambda: g * 5.0),
+        "scan over g": lambda ctx, g: (
+            jax.lax.scan(lambda c, gi: (c + gi, c + 2.0 * gi), 0.0, g)[1]
+            - jnp.cumsum(g)
+            + jnp.cumsum(g)
+            - jax.lax.scan(lambda c, gi: (c + gi, c), 0.0, g)[1]
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_linear_backwards()))
+def test_linear_backwards_built_from_many_ops_are_accepted(name):
+    backward = _linear_backwards()[name]
+
+    def forward(ctx, x):
+        ctx.mask = x > 1
+        ctx.flag = x
+        return x * 2
+
+    f = jaxfn.autograd_function(forward, backward, name="twice", forward_mode=True)
+    x, t = jnp.array([1.0, 2.0]), jnp.array([0.5, -1.5])
+    _, pullback = jax.vjp(f, x)
+    (vjp_of_t,) = pullback(t)
+    want_jvp = jnp.stack([pullback(e)[0] for e in jnp.eye(2)]) @ t  # J^T of the pullback, applied to t
+    _close(jax.jvp(f, (x,), (t,))[1], want_jvp)
+    _close(jax.jit(lambda x: jax.jvp(f, (x,), (t,))[1])(x), want_jvp)
+    _close(vjp_of_t, jax.vjp(lambda u: jax.jvp(f, (x,), (u,))[1], t)[1](t)[0])
 
 
 def test_zero_gradients_are_linear():

@@ -157,6 +157,7 @@ SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_data_parallel_jit_over_8_devices_matches_one_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(

@@ -1,0 +1,137 @@
+"""The rule every builder shares: run forward with a fresh context; run backward and turn its
+result into one cotangent per array input.
+
+``Definition`` is a user's function pair as jaxfn reads it (names, signatures). The builders
+(``_reverse_mode`` for ``jax.custom_vjp``, ``_forward_mode`` for ``jax.custom_jvp``) and the
+eager path call only the functions here; none of them reaches back into ``AutogradFunction``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from . import _arguments, _gradients, _outputs
+from ._arguments import Arguments
+from ._context import Context
+from ._errors import AutogradFunctionTypeError, error, type_name
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Definition:
+    """A forward and a backward, with what jaxfn reads from their signatures once."""
+
+    name: str
+    forward: Callable[..., Any]
+    backward: Callable[..., Any]
+    signature: inspect.Signature
+    backward_signature: inspect.Signature | None
+    positional: tuple[str, ...] | None  # forward's parameter names when all are plain positional
+    varargs: str | None  # forward's *args parameter
+
+    @classmethod
+    def of(cls, name: str, forward: Callable[..., Any], backward: Callable[..., Any]) -> Definition:
+        check_definition(name, "forward", forward)
+        check_definition(name, "backward", backward)
+        signature = inspect.signature(forward)
+        try:
+            backward_signature = inspect.signature(backward)
+        except (TypeError, ValueError):  # a builtin without a signature: trust the caller
+            backward_signature = None
+        return cls(
+            name,
+            forward,
+            backward,
+            signature,
+            backward_signature,
+            _arguments.positional_names(signature),
+            _arguments.varargs_name(signature),
+        )
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Arguments:
+        """One call's arguments, bound to forward's parameters and split into leaves."""
+        bound = _arguments.bind(self.name, self.signature, args, kwargs, self.positional)
+        return _arguments.split(bound, self.varargs)
+
+
+def run_forward(
+    definition: Definition, args: Arguments, arrays: Any, perturbed: Any
+) -> tuple[Context, list[Any], _outputs.Outputs]:
+    """Call the user's forward on one trace's arrays, with a fresh context.
+
+    ``perturbed`` has one flag per array: whether JAX differentiates with respect to it.
+    Returns the context, forward's array outputs and the description of its output.
+    """
+    # JAX may hand a custom rule a Python scalar for a weak-typed input: make every input an array,
+    # or forward's output could look like a Python value (with no gradient).
+    arrays = [a if isinstance(a, jax.Array) else jnp.asarray(a) for a in arrays]
+    by_name, by_position = args.needs_input_grad(perturbed)
+    ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position)
+    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, args.values(arrays))
+    ctx._end_forward()
+    out_arrays, info = _outputs.check(definition.name, out, ctx._state.non_differentiable)
+    return ctx, out_arrays, info
+
+
+def primal(definition: Definition, args: Arguments, arrays: Any) -> tuple[list[Any], _outputs.Outputs]:
+    """Forward's array outputs alone: what a call that nothing differentiates needs."""
+    _, out, info = run_forward(definition, args, arrays, [False] * len(arrays))
+    return out, info
+
+
+def run_backward(
+    definition: Definition,
+    args: Arguments,
+    ctx: Context,
+    info: _outputs.Outputs,
+    cotangents: list[Any],
+    avals: list[Any],
+    wanted: list[bool],
+) -> list[Any]:
+    """Call the user's backward on one cotangent per array output; one cotangent (or None) per
+    array input, checked against that input. ``wanted[i]``: whether JAX differentiates input i."""
+    grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads)
+    _check_backward_accepts(definition, ctx, grad_outputs)
+    returned = definition.backward(ctx, *grad_outputs)
+    grads = _gradients.by_parameter(definition.name, args, returned)
+    return _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
+
+
+def _check_backward_accepts(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> None:
+    if definition.backward_signature is None:
+        return
+    try:
+        definition.backward_signature.bind(ctx, *grad_outputs)
+    except TypeError:
+        raise error(
+            AutogradFunctionTypeError,
+            definition.name,
+            f"backward must accept ctx and {len(grad_outputs)} grad_output argument(s), one per output of "
+            f"forward, but its signature is {definition.backward_signature}",
+        ) from None
+
+
+def check_definition(name: str, role: str, function: Any) -> None:
+    """A forward or backward must be callable and take the context first."""
+    if not callable(function):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"{role} must be a function taking ctx first, but got {type_name(function)}",
+        )
+    try:
+        has_ctx = _arguments.context_parameter(function) is not None
+    except (TypeError, ValueError):  # no signature to read (some builtins): trust the caller
+        return
+    if not has_ctx:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"{role} must take the context as its first parameter, as in {role}(ctx, ...), but its signature is "
+            f"{inspect.signature(function)}",
+        )
