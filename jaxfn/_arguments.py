@@ -90,7 +90,7 @@ class Arguments:
         slots: list[tuple[int, int | None]] = []
         for position, (name, child) in enumerate(zip(self.names, self.treedef.children())):
             if name == self.varargs:
-                slots.extend((position, i) for i in range(child.num_children))
+                slots.extend((position, i) for i in range(len(child.children())))
             else:
                 slots.append((position, None))
         return tuple(slots)

@@ -57,7 +57,7 @@ def _own_gradient(args: Arguments, returned: tuple | list) -> bool:
     child = args.treedef.children()[position]
     if index is not None:
         child = child.children()[index]
-    return len(returned) != 1 and child.num_nodes > 1 and child.num_children == len(returned)
+    return len(returned) != 1 and child.num_nodes > 1 and len(child.children()) == len(returned)
 
 
 def _per_slot(function: str, args: Arguments, returned: tuple | list) -> list[Any]:

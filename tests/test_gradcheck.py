@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from seeds import exp2, linear, mul_constant, my_relu
 
@@ -138,3 +139,92 @@ def test_scales_to_thousands_of_elements():
 def test_bad_order():
     with pytest.raises(ValueError, match="order must be 1 or 2"):
         jaxfn.gradcheck(exp2, X, order=3)
+
+
+def _scale_function(factor):
+    """x * 3 (a Python or NumPy scalar works too) with a backward that multiplies by ``factor``."""
+    return jaxfn.autograd_function(lambda ctx, x: x * 3.0, lambda ctx, g: g * factor, name="times3")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [1.5, np.float32(1.5), np.float64(1.5), jnp.asarray([1.5, 2.0], jnp.bfloat16), jnp.asarray(1.5, jnp.float16)],
+    ids=["python float", "numpy float32", "numpy float64", "bfloat16", "float16"],
+)
+def test_scalars_and_low_precision_inputs_are_checked(value):
+    assert jaxfn.gradcheck(_scale_function(3.0), value)
+    with pytest.raises(jaxfn.GradcheckError, match="for 'x' disagrees"):
+        jaxfn.gradcheck(_scale_function(4.0), value)
+
+
+def test_nothing_to_check_is_an_error():
+    f = jaxfn.autograd_function(lambda ctx, x, n: x * n, lambda ctx, g: None, name="f")
+    with pytest.raises(jaxfn.GradcheckError, match="there is nothing to check: no argument has a floating-point"):
+        jaxfn.gradcheck(f, jnp.arange(3), 2)
+    integer_out = jaxfn.autograd_function(lambda ctx, x: jnp.argmax(x), lambda ctx, g: None, name="argmax")
+    with pytest.raises(jaxfn.GradcheckError, match="no output is floating-point or complex and differentiable"):
+        jaxfn.gradcheck(integer_out, jnp.ones(3))
+
+
+def _complex_square(conjugate_wrongly):
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        d = 2 * z
+        return g * (jnp.conj(d) if conjugate_wrongly else d)  # JAX's convention: no conjugate
+
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return z * z
+
+    return jaxfn.autograd_function(forward, backward, name="csquare")
+
+
+@pytest.mark.parametrize("dtype", [jnp.complex64, jnp.complex128])
+def test_complex_inputs_and_outputs_are_checked(dtype):
+    z = jnp.asarray([0.3 + 0.7j, -1.1 + 0.2j], dtype)
+    assert jaxfn.gradcheck(_complex_square(False), z)
+    with pytest.raises(jaxfn.GradcheckError, match="for 'z' disagrees"):
+        jaxfn.gradcheck(_complex_square(True), z)
+    assert jaxfn.gradcheck(_complex_square(False), z, order=2)
+
+
+def test_real_input_complex_output():
+    good = jaxfn.autograd_function(lambda ctx, x: x * (1 + 2j), lambda ctx, g: jnp.real(g * (1 + 2j)), name="rot")
+    bad = jaxfn.autograd_function(lambda ctx, x: x * (1 + 2j), lambda ctx, g: jnp.real(g), name="rot")
+    assert jaxfn.gradcheck(good, jnp.ones(3))
+    assert not jaxfn.gradcheck(bad, jnp.ones(3), raise_exception=False)
+
+
+def _with_ranks_forward(ctx, x):
+    scaled = x * 5  # a float output declared to carry no gradient (finite differences would see one)
+    ctx.mark_non_differentiable(scaled)
+    return x * 2, scaled
+
+
+def test_outputs_marked_non_differentiable_are_left_out():
+    f = jaxfn.autograd_function(_with_ranks_forward, lambda ctx, g, g_ranks: g * 2, name="with_ranks")
+    assert jaxfn.gradcheck(f, jnp.asarray([0.3, 0.1, 0.2]))
+
+    class WithRanks(jaxfn.Function):
+        forward = staticmethod(_with_ranks_forward)
+
+        @staticmethod
+        def backward(ctx, g, g_ranks):
+            return g * 3  # wrong
+
+    with pytest.raises(jaxfn.GradcheckError, match="for 'x' disagrees"):
+        jaxfn.gradcheck(WithRanks.apply, jnp.asarray([0.3, 0.1, 0.2]))
+
+
+@pytest.mark.parametrize("inner", [False, True])
+def test_inside_enable_x64_contexts(inner):
+    jax.config.update("jax_enable_x64", not inner)
+    try:
+        with jax.enable_x64(inner):
+            x = jnp.asarray([0.5, 1.5, -0.7], jnp.float32)
+            assert jaxfn.gradcheck(linear, x.reshape(1, 3), jnp.ones((2, 3), jnp.float32))
+            assert jax.config.jax_enable_x64 is inner
+            assert jnp.ones(1).dtype == (jnp.float64 if inner else jnp.float32)
+        assert jax.config.jax_enable_x64 is (not inner)  # the global setting is untouched
+    finally:
+        jax.config.update("jax_enable_x64", True)
