@@ -13,41 +13,15 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
-import jaxfn
-
-D_IN, H, D_OUT, LR = 1000, 100, 10, 1e-6
-
-
-# -- the same ReLU three ways ------------------------------------------------------------------
-def make_jaxfn_relu(forward_mode: bool = False):
-    def forward(ctx, input):
-        ctx.save_for_backward(input=input)
-        return jnp.clip(input, min=0)
-
-    def backward(ctx, grad_output):
-        return {"input": jnp.where(ctx.saved_variables.input < 0, 0, grad_output)}
-
-    return jaxfn.autograd_function(forward, backward, name="my_relu", forward_mode=forward_mode)
-
-
-def make_custom_vjp_relu():
-    @jax.custom_vjp
-    def relu(x):
-        return jnp.clip(x, min=0)
-
-    relu.defvjp(lambda x: (jnp.clip(x, min=0), x), lambda x, g: (jnp.where(x < 0, 0, g),))
-    return relu
-
-
-def plain_relu(x):
-    return jnp.clip(x, min=0)
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from seeds import D_IN, D_OUT, LR, H, make_custom_vjp_relu, make_jaxfn_relu, make_step, plain_relu  # noqa: E402
 
 CONTENDERS = {
     "jaxfn": make_jaxfn_relu,
@@ -55,18 +29,6 @@ CONTENDERS = {
     "custom_vjp": make_custom_vjp_relu,
     "plain autodiff": lambda: plain_relu,
 }
-
-
-def make_step(relu):
-    def loss(params, x, y):
-        w1, w2 = params
-        return ((relu(x @ w1) @ w2 - y) ** 2).sum()
-
-    def step(params, x, y):
-        grads = jax.grad(loss)(params, x, y)
-        return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
-
-    return step
 
 
 def make_loop(relu, steps):
@@ -119,16 +81,41 @@ def trace_and_compile(repeats):
 
 
 def eager_call(batch, repeats, number=200):
+    """Per call, two ways a loop calls: waiting for each result, and back to back without waiting
+    (JAX dispatches asynchronously, so there only the Python work per call shows)."""
     x = jax.random.normal(jax.random.key(1), (batch, H))
     contenders = {
         "jaxfn": make_jaxfn_relu(),
         "jit plain": jax.jit(plain_relu),
         "custom_vjp": make_custom_vjp_relu(),
     }
-    fns = {name: (lambda f=f: jax.block_until_ready(f(x))) for name, f in contenders.items()}
-    for fn in fns.values():
-        fn()
-    return interleaved(fns, repeats, number)
+    waited = {name: (lambda f=f: jax.block_until_ready(f(x))) for name, f in contenders.items()}
+
+    def back_to_back(f):
+        def run():
+            for _ in range(number - 1):
+                f(x)
+            jax.block_until_ready(f(x))
+
+        return run
+
+    for fn in waited.values():
+        for _ in range(4):  # past the eager path's validation: the steady state is what a loop sees
+            fn()
+    result = {f"{name} waited": t for name, t in interleaved(waited, repeats, number).items()}
+    batched = interleaved({name: back_to_back(f) for name, f in contenders.items()}, repeats, 1)
+    result.update({f"{name} back to back": t / number for name, t in batched.items()})
+    return result
+
+
+def torch_device(torch):
+    """The torch device matching JAX's backend, or None where torch can't run there."""
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return "cpu"
+    if backend == "gpu" and torch.cuda.is_available():
+        return "cuda"
+    return None
 
 
 def torch_vs_jaxfn(repeats, steps=100):
@@ -136,6 +123,9 @@ def torch_vs_jaxfn(repeats, steps=100):
         import torch
     except ImportError:
         return None
+    device = torch_device(torch)
+    if device is None:
+        return "skip"
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # every core this process may use
 
     class MyReLU(torch.autograd.Function):
@@ -152,9 +142,13 @@ def torch_vs_jaxfn(repeats, steps=100):
             return grad_input
 
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, D_IN, generator=gen), torch.randn(64, D_OUT, generator=gen)
-    w1 = torch.randn(D_IN, H, generator=gen, requires_grad=True)
-    w2 = torch.randn(H, D_OUT, generator=gen, requires_grad=True)
+    x, y = torch.randn(64, D_IN, generator=gen).to(device), torch.randn(64, D_OUT, generator=gen).to(device)
+    w1 = torch.randn(D_IN, H, generator=gen).to(device).requires_grad_()
+    w2 = torch.randn(H, D_OUT, generator=gen).to(device).requires_grad_()
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     def torch_steps():
         for _ in range(steps):
@@ -165,6 +159,7 @@ def torch_vs_jaxfn(repeats, steps=100):
                 w2.sub_(LR * w2.grad)
                 w1.grad.zero_()
                 w2.grad.zero_()
+        sync()
 
     params, jx, jy = data(64)
     loop = make_loop(make_jaxfn_relu(), steps).lower(params, jx, jy).compile()
@@ -174,7 +169,7 @@ def torch_vs_jaxfn(repeats, steps=100):
     }
     for fn in fns.values():
         fn()
-    return {name: t / steps for name, t in interleaved(fns, repeats, 1).items()}, torch.__version__
+    return {name: t / steps for name, t in interleaved(fns, repeats, 1).items()}, torch.__version__, device
 
 
 def us(seconds):
@@ -194,8 +189,9 @@ def main():
     }
     print(f"# jaxfn benchmark\n\n{results['machine']}\n")
 
-    print("## 1. Compiled training step (the tutorial's net, a fori_loop of 100 steps; 20 above "
-          "batch 1024), per step\n")
+    print(
+        "## 1. Compiled training step (the tutorial's net, a fori_loop of 100 steps; 20 above batch 1024), per step\n"
+    )
     print(
         "| batch | jaxfn | jaxfn forward_mode | custom_vjp | plain autodiff | jaxfn / custom_vjp "
         "| forward_mode / custom_vjp | HLO instructions (jaxfn / fwd-mode / custom_vjp / plain) |"
@@ -219,17 +215,21 @@ def main():
     print("| jaxfn | custom_vjp | ratio |\n|---|---|---|")
     print(f"| {t['jaxfn'] * 1e3:.1f} ms | {t['custom_vjp'] * 1e3:.1f} ms | {t['jaxfn'] / t['custom_vjp']:.2f} |")
 
-    print("\n## 3. One eager (un-jitted) call of my_relu\n")
+    print("\n## 3. One eager (un-jitted) call of my_relu, waited for / issued back to back\n")
     print(
-        "| batch | jaxfn | jit plain | custom_vjp | jaxfn / jit plain | jaxfn / custom_vjp |\n|---|---|---|---|---|---|"
+        "| batch | jaxfn | jit plain | custom_vjp | jaxfn / jit plain | jaxfn b2b | jit plain b2b | custom_vjp b2b "
+        "| jaxfn / jit plain b2b |\n|---|---|---|---|---|---|---|---|---|"
     )
     results["eager_call"] = {}
     for batch in batches:
         t = eager_call(batch, repeats)
         results["eager_call"][batch] = t
+        w = {k.removesuffix(" waited"): v for k, v in t.items() if k.endswith(" waited")}
+        b = {k.removesuffix(" back to back"): v for k, v in t.items() if k.endswith(" back to back")}
         print(
-            f"| {batch} | {us(t['jaxfn'])} | {us(t['jit plain'])} | {us(t['custom_vjp'])} | "
-            f"{t['jaxfn'] / t['jit plain']:.2f} | {t['jaxfn'] / t['custom_vjp']:.2f} |",
+            f"| {batch} | {us(w['jaxfn'])} | {us(w['jit plain'])} | {us(w['custom_vjp'])} | "
+            f"{w['jaxfn'] / w['jit plain']:.2f} | {us(b['jaxfn'])} | {us(b['jit plain'])} | {us(b['custom_vjp'])} | "
+            f"{b['jaxfn'] / b['jit plain']:.2f} |",
             flush=True,
         )
 
@@ -237,11 +237,17 @@ def main():
     torch_row = torch_vs_jaxfn(repeats)
     if torch_row is None:
         print("PyTorch is not installed: `pip install torch` to add this row.")
+    elif torch_row == "skip":
+        print(
+            f"Not measured: JAX runs on {jax.default_backend()} and this torch can't, and a row comparing "
+            "different devices would mean nothing."
+        )
     else:
-        t, version = torch_row
-        results["torch"] = {"seconds": t, "torch": version}
+        t, version, device = torch_row
+        results["torch"] = {"seconds": t, "torch": version, "device": device}
         (tn, tt), (jn, jt) = t.items()
-        print(f"| {tn} (torch {version}) | {jn} | speed-up |\n|---|---|---|")
+        jax_device = jax.devices()[0].device_kind
+        print(f"| {tn} (torch {version}, {device}) | {jn} ({jax_device}) | speed-up |\n|---|---|---|")
         print(f"| {us(tt)} | {us(jt)} | {tt / jt:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:

@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import core as _jax_core
 from jax.extend.core import jaxpr_as_fun
 
 from . import _rule
@@ -46,16 +47,15 @@ from ._errors import AutogradFunctionError
 MAX_ENTRIES = 128
 
 
+# The cheapest test of "no JAX transformation is active"; JAX has no public API for it.
+_trace_state_clean = _jax_core.trace_state_clean
+_ARRAY_IMPL = type(jax.numpy.zeros(()))  # the class of concrete JAX arrays
+MISS = object()
+
+
 def outside_traces(arrays: tuple[Any, ...]) -> bool:
     """Whether no JAX transformation is active and no array is a tracer."""
-    # jax._src.core.trace_state_clean is the cheapest test of "no trace is active" (no public API).
     return _trace_state_clean() and not any(isinstance(a, jax.core.Tracer) for a in arrays)
-
-
-def _trace_state_clean() -> bool:
-    from jax._src import core
-
-    return core.trace_state_clean()
 
 
 class _OpByOp:
@@ -72,14 +72,24 @@ class _Traced:
     info: Any
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class _Compiled:
-    run: Any
-    info: Any
-    reads: tuple[tuple[Any, str, Any], ...]  # (namespace, name, value): what forward reads by name
+    """A validated key's compiled forward, with what forward reads by name from outside."""
+
+    __slots__ = ("run", "info", "reads", "single")
+
+    def __init__(self, run: Any, info: Any, reads: tuple[tuple[Any, str, Any], ...]):
+        self.run, self.info, self.reads = run, info, reads  # reads: (namespace, name, value)
+        self.single = info.single_array
 
     def still_valid(self) -> bool:
-        return all(_lookup(where, name) is value for where, name, value in self.reads)
+        for where, name, value in self.reads:
+            if _lookup(where, name) is not value:
+                return False
+        return True
+
+    def __call__(self, arrays: Any) -> Any:
+        out = self.run(*arrays)
+        return out[0] if self.single else self.info.rebuild(out)
 
 
 class EagerPath:
@@ -89,6 +99,7 @@ class EagerPath:
         self._forward = weakref.ref(forward) if _weakrefable(forward) else (lambda: forward)
         self.max_entries = max_entries
         self._entries: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._fast: dict[Any, _Compiled] = {}  # compiled entries of calls whose arguments are all arrays
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -99,6 +110,22 @@ class EagerPath:
         names = {_OpByOp: "op by op", _Traced: "traced", _Compiled: "compiled"}
         return [names.get(type(entry), "seen") for entry in list(self._entries.values())]
 
+    def fast_call(self, definition: _rule.Definition, args: tuple[Any, ...]) -> Any:
+        """The compiled forward for a call whose arguments are all concrete JAX arrays passed
+        positionally, one per parameter, when that key is compiled and still valid; else MISS.
+
+        This skips binding and splitting the arguments: it is the common eager call.
+        """
+        if not self._fast:
+            return MISS
+        for a in args:
+            if type(a) is not _ARRAY_IMPL:
+                return MISS
+        entry = self._fast.get((definition.name, tuple([a.aval for a in args])))
+        if entry is None or not _trace_state_clean() or not entry.still_valid():
+            return MISS
+        return entry(args)
+
     def call(self, definition: _rule.Definition, args: Arguments) -> Any:
         """Forward's output for one eager call, op by op or compiled, as the rule above says."""
         key = _key(definition, args)
@@ -106,7 +133,7 @@ class EagerPath:
             return _op_by_op(definition, args)
         entry = self._get(key)
         if type(entry) is _Compiled and entry.still_valid():
-            return entry.info.rebuild(entry.run(*args.arrays))
+            return entry(args.arrays)
         if entry is None:
             self._put(key, _SEEN)
             return _op_by_op(definition, args)
@@ -127,9 +154,9 @@ class EagerPath:
             if not _same_trace(entry, closed, info) or reads is None:
                 self._put(key, _OP_BY_OP)
             else:
-                run = jax.jit(jaxpr_as_fun(closed))
-                self._put(key, _Compiled(run, info, reads))
-                return info.rebuild(run(*args.arrays))
+                compiled = _Compiled(jax.jit(jaxpr_as_fun(closed)), info, reads)
+                self._put(key, compiled, _fast_key(definition, args))
+                return compiled(args.arrays)
         else:
             self._put(key, _Traced(closed, info))
         return info.rebuild(jaxpr_as_fun(closed)(*args.arrays))
@@ -141,12 +168,16 @@ class EagerPath:
                 self._entries.move_to_end(key)
             return entry
 
-    def _put(self, key: Any, entry: Any) -> None:
+    def _put(self, key: Any, entry: Any, fast_key: Any = None) -> None:
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
+            # The fast table holds exactly the compiled entries of all-array calls still in the LRU.
+            self._fast = {k: e for k, e in self._fast.items() if e is not entry and _held(self._entries, e)}
+            if fast_key is not None:
+                self._fast[fast_key] = entry
 
 
 _PATHS: weakref.WeakKeyDictionary[Any, EagerPath] = weakref.WeakKeyDictionary()
@@ -170,6 +201,20 @@ def _weakrefable(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _held(entries: collections.OrderedDict[Any, Any], entry: Any) -> bool:
+    return any(e is entry for e in entries.values())
+
+
+def _fast_key(definition: _rule.Definition, args: Arguments) -> Any:
+    """The key ``fast_call`` looks up, for a call whose arguments are one JAX array per parameter."""
+    simple = definition.positional is not None and len(args.names) == len(definition.positional)
+    if not simple or len(args.kinds) != len(args.names) or not all(type(a) is _ARRAY_IMPL for a in args.arrays):
+        return None
+    if args.treedef != jax.tree_util.tree_structure(tuple(args.arrays)):
+        return None
+    return definition.name, tuple(a.aval for a in args.arrays)
 
 
 def _op_by_op(definition: _rule.Definition, args: Arguments) -> Any:
@@ -242,7 +287,7 @@ def _value_key(value: Any) -> Any:
 
 
 # -- what forward reads by name --------------------------------------------------------------
-_MISSING = object()
+MISSING = object()
 _SAFE_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, np.ufunc, jax.Array)
 
 
@@ -255,8 +300,8 @@ def _outside_reads(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
     reads = []
     namespace = forward.__globals__
     for name in sorted(_names(code)):
-        value = namespace.get(name, _MISSING)
-        if value is _MISSING:
+        value = namespace.get(name, MISSING)
+        if value is MISSING:
             continue
         if not _immutable(value):
             return None
@@ -296,8 +341,8 @@ def _immutable(value: Any) -> bool:
 
 def _lookup(where: Any, name: str) -> Any:
     if isinstance(where, dict):
-        return where.get(name, _MISSING)
+        return where.get(name, MISSING)
     try:
         return where.cell_contents
     except ValueError:
-        return _MISSING
+        return MISSING

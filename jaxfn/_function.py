@@ -68,6 +68,10 @@ class AutogradFunction:
         return (_rebuild, (self.forward, self.backward, self.name, self.forward_mode))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs:
+            out = self._eager.fast_call(self._definition, args)
+            if out is not _eager.MISS:
+                return out
         arguments = self._definition.bind(args, kwargs)
         if _eager.outside_traces(arguments.arrays):
             return self._eager.call(self._definition, arguments)

@@ -31,6 +31,11 @@ class Outputs:
     differentiable: tuple[bool, ...]  # one per array leaf
     is_sequence: bool  # a tuple/list output: one grad_output per element
 
+    @property
+    def single_array(self) -> bool:
+        """Whether the output is one bare array (nothing to rebuild)."""
+        return self.treedef.num_leaves == 1 and self.treedef.num_nodes == 1 and self.is_array == (True,)
+
     def rebuild(self, arrays: Any) -> Any:
         """The output pytree from its array leaves, Python values put back in place."""
         arrays = iter(arrays)

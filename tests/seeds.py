@@ -1,5 +1,6 @@
 """The seeds' example functions, written with jaxfn as the R torch documents write them."""
 
+import jax
 import jax.numpy as jnp
 
 import jaxfn
@@ -72,3 +73,42 @@ def plain_linear_free(input, weight, bias=None):
     """The same math as ``linear``, in plain JAX: the reference for its gradients."""
     output = input @ weight.T
     return output if bias is None else output + bias
+
+
+# -- the tutorial's ReLU three ways, and its training step: shared by the tests and benchmarks/ --
+D_IN, H, D_OUT, LR = 1000, 100, 10, 1e-6
+
+
+def make_jaxfn_relu(forward_mode=False):
+    """The tutorial's my_relu, written with jaxfn (a fresh function each call)."""
+    return jaxfn.autograd_function(_my_relu_forward, _my_relu_backward, name="my_relu", forward_mode=forward_mode)
+
+
+def make_custom_vjp_relu():
+    """The same ReLU as a hand-written jax.custom_vjp."""
+
+    @jax.custom_vjp
+    def relu(x):
+        return jnp.clip(x, min=0)
+
+    relu.defvjp(lambda x: (jnp.clip(x, min=0), x), lambda x, g: (jnp.where(x < 0, 0, g),))
+    return relu
+
+
+def plain_relu(x):
+    """The same ReLU, differentiated by JAX's own autodiff."""
+    return jnp.clip(x, min=0)
+
+
+def make_step(relu):
+    """One SGD step of the tutorial's two-layer net with ``relu``."""
+
+    def loss(params, x, y):
+        w1, w2 = params
+        return ((relu(x @ w1) @ w2 - y) ** 2).sum()
+
+    def step(params, x, y):
+        grads = jax.grad(loss)(params, x, y)
+        return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
+
+    return step
