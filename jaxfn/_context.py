@@ -47,7 +47,7 @@ class SavedVariables(Mapping):
         try:
             return self._values[name]
         except KeyError:
-            raise ContextKeyError(self._unknown(name)) from None
+            raise error(ContextKeyError, self._function, self._unknown(name)) from None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -55,7 +55,7 @@ class SavedVariables(Mapping):
         try:
             return self._values[name]
         except KeyError:
-            raise ContextAttributeError(self._unknown(name)) from None
+            raise error(ContextAttributeError, self._function, self._unknown(name)) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise error(
@@ -74,7 +74,7 @@ class SavedVariables(Mapping):
         return f"SavedVariables({', '.join(self._values)})"
 
     def _unknown(self, name: str) -> str:
-        return str(error(ContextKeyError, self._function, unknown_name("ctx.saved_variables", name, self._values)))
+        return unknown_name("ctx.saved_variables", name, self._values)
 
 
 class NeedsInputGrad(Sequence):
@@ -98,7 +98,7 @@ class NeedsInputGrad(Sequence):
             try:
                 return self._flags[key]
             except KeyError:
-                raise ContextKeyError(self._unknown(key)) from None
+                raise error(ContextKeyError, self._function, self._unknown(key)) from None
         return self._by_position[key]
 
     def __getattr__(self, name: str) -> bool:
@@ -107,7 +107,7 @@ class NeedsInputGrad(Sequence):
         try:
             return self._flags[name]
         except KeyError:
-            raise ContextAttributeError(self._unknown(name)) from None
+            raise error(ContextAttributeError, self._function, self._unknown(name)) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise error(AutogradFunctionTypeError, self._function, "ctx.needs_input_grad is read-only")
@@ -125,7 +125,7 @@ class NeedsInputGrad(Sequence):
         return "NeedsInputGrad(" + ", ".join(f"{k}={v}" for k, v in self._flags.items()) + ")"
 
     def _unknown(self, name: str) -> str:
-        return str(error(ContextKeyError, self._function, unknown_name("ctx.needs_input_grad", name, self._flags)))
+        return unknown_name("ctx.needs_input_grad", name, self._flags)
 
 
 @dataclasses.dataclass(slots=True)

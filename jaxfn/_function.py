@@ -87,10 +87,10 @@ class AutogradFunction:
         except AutogradFunctionError:
             raise
         except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words
-            translated = _translate(self.name, err)
-            if translated is None:
+            explanation = _explain(err)
+            if explanation is None:
                 raise
-            raise translated from err
+            raise error(AutogradFunctionTypeError, self.name, explanation) from err
 
     def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
         """For a call, whether each output leaf carries a gradient (``None`` for Python values).
@@ -132,13 +132,13 @@ def _rebuild(forward: Any, backward: Any, name: str, forward_mode: bool) -> Auto
     return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode)
 
 
-def _translate(name: str, err: Exception) -> AutogradFunctionError | None:
-    """jaxfn's words for JAX's refusals that a user of a jaxfn function can meet; None for others."""
+def _explain(err: Exception) -> str | None:
+    """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
     text = str(err)
-    if _JVP_REFUSAL in text or "can't apply forward-mode autodiff" in text:
-        return error(AutogradFunctionTypeError, name, _FORWARD_MODE_HELP)
+    if _JVP_REFUSAL in text:
+        return _FORWARD_MODE_HELP
     if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
-        return error(AutogradFunctionTypeError, name, _CLOSURE_HELP)
+        return _CLOSURE_HELP
     return None
 
 

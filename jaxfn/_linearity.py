@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ._arguments import is_inexact
+
 ZERO, CONST, LINEAR = "zero", "constant", "linear"
 
 
@@ -205,8 +207,6 @@ def _join(eqn: Any, states: Any) -> str:
 
 
 def _inexact(var: Any) -> bool:
-    from ._arguments import is_inexact
-
     return is_inexact(var.aval.dtype)
 
 

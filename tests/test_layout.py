@@ -1,0 +1,56 @@
+"""The package's shape (CONTRIBUTING.md): modules in layers, imports only downward, no cycles."""
+
+import ast
+from pathlib import Path
+
+import jaxfn
+
+PACKAGE = Path(jaxfn.__file__).resolve().parent
+# The order data flows through a call; a module may import only modules listed before it.
+LAYERS = [
+    "_errors",
+    "_arguments",
+    "_context",
+    "_outputs",
+    "_gradients",
+    "_linearity",
+    "_rule",
+    "_reverse_mode",
+    "_forward_mode",
+    "_eager",
+    "_function",
+    "_gradcheck",
+    "__init__",
+]
+
+
+def _imports(path: Path) -> tuple[set[str], list[int]]:
+    """The package modules ``path`` imports, and the lines of imports inside functions."""
+    found, nested = set(), []
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {alias.name for alias in node.names}
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    nested.append(node.lineno)
+    return found, nested
+
+
+def test_every_module_is_in_a_layer():
+    assert sorted(p.stem for p in PACKAGE.glob("*.py")) == sorted(LAYERS)
+
+
+def test_imports_go_only_downward_and_never_at_run_time():
+    for path in PACKAGE.glob("*.py"):
+        imported, nested = _imports(path)
+        position = LAYERS.index(path.stem)
+        assert all(LAYERS.index(name) < position for name in imported), (path.stem, imported)
+        assert nested == [], f"{path.name} imports inside a function at lines {nested}"
+
+
+def test_modules_stay_small():
+    for path in PACKAGE.glob("*.py"):
+        assert len(path.read_text().splitlines()) < 400, path.name
