@@ -49,8 +49,8 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         infos.append(info)
         wanted = [i for i, flag in enumerate(perturbed) if flag]
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
-        pullback = _pullback(definition, args, ctx, info, _arguments.shape_dtypes(primals), perturbed, wanted, outs)
-        examples = [jnp.zeros(info.avals[i].shape, info.avals[i].dtype) for i in outs]
+        pullback = _pullback(definition, args, ctx, info, primals, perturbed, wanted, outs)
+        examples = [_rule.zeros_like(out[i]) for i in outs]
         closed = jax.make_jaxpr(pullback)(*examples)
         try:
             _linearity.check(closed, [args.paths[args.array_positions[i]] for i in wanted])
@@ -74,9 +74,10 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     return call
 
 
-def _pullback(definition, args, ctx, info, avals, perturbed, wanted, outs) -> Callable[..., list[Any]]:
+def _pullback(definition, args, ctx, info, primals, perturbed, wanted, outs) -> Callable[..., list[Any]]:
     """Backward as a function of the differentiable outputs' cotangents only."""
     saved, remainder = ctx.to_residuals()
+    avals = _arguments.shape_dtypes(primals)
 
     def pullback(*cotangents: Any) -> list[Any]:
         per_output: list[Any] = [SymbolicZero(None)] * len(info.avals)  # type: ignore[arg-type]
@@ -84,7 +85,7 @@ def _pullback(definition, args, ctx, info, avals, perturbed, wanted, outs) -> Ca
             per_output[i] = ct
         backward_ctx = Context.from_residuals(saved, remainder)
         cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed)
-        return [jnp.zeros(avals[i].shape, avals[i].dtype) if cts[i] is None else cts[i] for i in wanted]
+        return [_rule.zeros_like(primals[i]) if cts[i] is None else cts[i] for i in wanted]
 
     return pullback
 

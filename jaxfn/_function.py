@@ -83,7 +83,7 @@ class AutogradFunction:
             raise error(AutogradFunctionTypeError, self.name, _CLOSURE_HELP)
         try:
             call = self._build(self._definition, arguments.structure())  # keeps no reference to the arrays
-            return call(*arguments.arrays)
+            return call(*_rule.vary_together(arguments, arguments.arrays))
         except AutogradFunctionError:
             raise
         except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words

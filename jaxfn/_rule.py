@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _arguments, _gradients, _outputs
-from ._arguments import Arguments
+from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
 
@@ -57,6 +57,43 @@ class Definition:
         """One call's arguments, bound to forward's parameters and split into leaves."""
         bound = _arguments.bind(self.name, self.signature, args, kwargs, self.positional)
         return _arguments.split(bound, self.varargs)
+
+
+def vary_together(args: Arguments, arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Inside ``jax.shard_map``: the differentiable arrays made to vary over every manual axis
+    that any input varies over.
+
+    A replicated (unvarying) parameter used with a per-device batch gets a per-device
+    cotangent from backward, while JAX expects the cross-device sum for it. Marking the
+    parameter varying (``lax.pcast(..., to="varying")``) before the custom rule sees it makes
+    JAX's own transpose of that cast insert the sum, exactly as for plain JAX code.
+    """
+    if not hasattr(jax, "typeof"):  # no varying-axes tracking in this JAX
+        return arrays
+    axes = [_varying_axes(a) for a in arrays]
+    every = frozenset().union(*axes)
+    if not every:
+        return arrays
+    kinds = [args.kinds[i] for i in args.array_positions]
+    return tuple(
+        jax.lax.pcast(a, tuple(sorted(every - own)), to="varying") if kind == DIFF and every - own else a
+        for a, own, kind in zip(arrays, axes, kinds)
+    )
+
+
+def zeros_like(array: Any) -> Any:
+    """Zeros of ``array``'s shape and dtype, varying over the same manual axes (in ``shard_map``)."""
+    array = array if hasattr(array, "dtype") else jnp.asarray(array)
+    zeros = jnp.zeros(jnp.shape(array), array.dtype)
+    axes = _varying_axes(array) if hasattr(jax, "typeof") else frozenset()
+    return jax.lax.pcast(zeros, tuple(sorted(axes)), to="varying") if axes else zeros
+
+
+def _varying_axes(array: Any) -> frozenset[str]:
+    """The manual mesh axes ``array`` varies over (empty outside ``jax.shard_map``)."""
+    aval = jax.typeof(array)
+    manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
+    return frozenset(manual.varying) if manual is not None else frozenset(getattr(aval, "vma", ()))
 
 
 def run_forward(

@@ -1,0 +1,75 @@
+"""jaxfn functions inside jax.shard_map with check_vma on (SPEC section 10), on 8 simulated CPU devices."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jaxfn
+    from seeds import linear, linear_backward, linear_forward
+
+    jax.config.update("jax_enable_x64", True)
+    assert jax.device_count() == 8, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    kx, kw, kb = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (32, 5))
+    w, b = jax.random.normal(kw, (4, 5)), jax.random.normal(kb, (4,))
+    xs = jax.device_put(x, NamedSharding(mesh, P("d")))
+
+    def close(got, want):
+        for g, r in zip(got, want):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10)
+
+    # 1. The usual data-parallel layer: a sharded batch, replicated parameters.
+    def per_device(fn):
+        return jax.shard_map(fn, mesh=mesh, in_specs=(P("d"), P(), P()), out_specs=P("d"))
+
+    plain = lambda x, w, b: jnp.sin(x @ w.T + b).sum()
+    want = jax.grad(plain, (0, 1, 2))(x, w, b)
+    for mode in (False, True):
+        fn = jaxfn.autograd_function(linear_forward, linear_backward, name="linear", forward_mode=mode)
+        loss = lambda x, w, b: jnp.sin(per_device(fn)(x, w, b)).sum()
+        close(jax.jit(jax.grad(loss, (0, 1, 2)))(xs, w, b), want)
+        close(jax.grad(loss, (1, 2))(xs, w, b), want[1:])
+    # forward mode inside shard_map too
+    fwd = jaxfn.autograd_function(linear_forward, linear_backward, name="linear", forward_mode=True)
+    tangent = jax.jit(lambda w: jax.jvp(lambda w: per_device(fwd)(xs, w, b), (w,), (jnp.ones_like(w),))[1])(w)
+    np.testing.assert_allclose(tangent, x @ jnp.ones_like(w).T, rtol=1e-10)
+
+    # 2. A backward that itself uses a collective: a synchronized (cross-device) centering.
+    def center_forward(ctx, x):
+        count = jax.lax.psum(x.shape[0], "d")
+        return x - jax.lax.psum(x.sum(0), "d") / count
+
+    def center_backward(ctx, g):
+        count = jax.lax.psum(g.shape[0], "d")
+        return g - jax.lax.psum(g.sum(0), "d") / count
+
+    center = jaxfn.autograd_function(center_forward, center_backward, name="sync_center")
+    sharded = jax.shard_map(lambda x, w: center(x) * w, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d"))
+    loss = lambda x, w: jnp.sin(sharded(x, w)).sum()
+    want = jax.grad(lambda x, w: jnp.sin((x - x.mean(0)) * w).sum(), (0, 1))(x, w[0])
+    close(jax.jit(jax.grad(loss, (0, 1)))(xs, w[0]), want)
+    print("OK")
+    """
+)
+
+
+@pytest.mark.slow
+def test_shard_map_with_replicated_parameters_and_collectives_in_backward():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("OK")
