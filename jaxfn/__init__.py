@@ -6,6 +6,7 @@ from ._errors import GradcheckError as GradcheckError
 from ._function import AutogradFunction as AutogradFunction
 from ._function import Function as Function
 from ._function import autograd_function as autograd_function
+from ._function import once_differentiable as once_differentiable
 from ._gradcheck import gradcheck as gradcheck
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "GradcheckError",
     "autograd_function",
     "gradcheck",
+    "once_differentiable",
 ]

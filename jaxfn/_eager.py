@@ -150,7 +150,7 @@ class EagerPath:
             self._put(key, _OP_BY_OP)
             return _op_by_op(definition, args)
         if type(entry) is _Traced:
-            reads = _outside_reads(definition.forward)
+            reads = _outside_reads(definition.user_functions)
             if not _same_trace(entry, closed, info) or reads is None:
                 self._put(key, _OP_BY_OP)
             else:
@@ -291,9 +291,20 @@ MISSING = object()
 _SAFE_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, np.ufunc, jax.Array)
 
 
-def _outside_reads(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
-    """The values ``forward`` reads by name from its globals and closure, to check before each
-    compiled call; None if one of them is a mutable object (then forward never compiles)."""
+def _outside_reads(functions: tuple[Any, ...]) -> tuple[tuple[Any, str, Any], ...] | None:
+    """The values the user's ``functions`` (forward, setup_context) read by name from their
+    globals and closures, to check before each compiled call; None if one of them is a mutable
+    object (then forward never compiles)."""
+    reads: list[tuple[Any, str, Any]] = []
+    for function in functions:
+        found = _reads_of(function)
+        if found is None:
+            return None
+        reads.extend(found)
+    return tuple(reads)
+
+
+def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
     code = getattr(forward, "__code__", None)
     if not isinstance(forward, types.FunctionType) or code is None:
         return None  # a bound method or callable object may read its own mutable state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,18 @@ class AutogradFunction:
         *,
         name: str | None = None,
         forward_mode: bool = False,
+        setup_context: Callable[..., Any] | None = None,
     ):
         self.name = name if name is not None else getattr(forward, "__name__", "function")
-        self._definition = _rule.Definition.of(self.name, forward, backward)
+        self._definition = _rule.Definition.of(self.name, forward, backward, setup_context)
+        if forward_mode and self._definition.once_differentiable:
+            raise error(
+                AutogradFunctionTypeError,
+                self.name,
+                "it has forward_mode=True, whose tangent rule differentiates backward, but backward is marked "
+                "jaxfn.once_differentiable; drop one of the two",
+            )
+        self._setup_context = setup_context
         self.forward_mode = bool(forward_mode)
         self._build = _forward_mode.build if self.forward_mode else _reverse_mode.build
         self._eager = _eager.path_for(forward)
@@ -55,7 +65,7 @@ class AutogradFunction:
 
     @property
     def forward(self) -> Callable[..., Any]:
-        return self._definition.forward
+        return self._definition.user_functions[0]
 
     @property
     def backward(self) -> Callable[..., Any]:
@@ -65,7 +75,7 @@ class AutogradFunction:
         return f"<jaxfn.AutogradFunction '{self.name}'>"
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (self.forward, self.backward, self.name, self.forward_mode))
+        return (_rebuild, (self.forward, self.backward, self.name, self.forward_mode, self._setup_context))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not kwargs:
@@ -128,8 +138,8 @@ def _closes_over_differentiated(function: Any) -> bool:
 _DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
 
 
-def _rebuild(forward: Any, backward: Any, name: str, forward_mode: bool) -> AutogradFunction:
-    return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode)
+def _rebuild(forward: Any, backward: Any, name: str, forward_mode: bool, setup_context: Any) -> AutogradFunction:
+    return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context)
 
 
 def _explain(err: Exception) -> str | None:
@@ -148,6 +158,7 @@ def autograd_function(
     *,
     name: str | None = None,
     forward_mode: bool = False,
+    setup_context: Callable[..., Any] | None = None,
 ) -> AutogradFunction:
     """Make a differentiable JAX function from a ``forward`` and a ``backward``, as R torch does.
 
@@ -183,6 +194,8 @@ def autograd_function(
       backward: ``backward(ctx, *grad_outputs)``, returning the gradients.
       name: what error messages call the function (default ``forward.__name__``).
       forward_mode: also support forward-mode autodiff, by transposing backward.
+      setup_context: PyTorch 2's form: ``forward(*args)`` takes no ctx, and
+        ``setup_context(ctx, inputs, output)`` saves what backward needs.
 
     Returns:
       A callable ``jaxfn.AutogradFunction``.
@@ -200,7 +213,39 @@ def autograd_function(
     >>> print(jax.grad(lambda x: mul_constant(x, 2).sum())(jnp.ones(1)))
     [2.]
     """
-    return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode)
+    return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context)
+
+
+def once_differentiable(backward: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a backward that may be differentiated only once, as PyTorch's decorator does.
+
+    The first derivative works as usual; differentiating backward again (``jax.grad`` of
+    ``jax.grad``, ``jax.hessian``) raises ``AutogradFunctionError`` naming the function, instead
+    of a wrong or confusing result. Use it on a backward that calls code JAX can't differentiate
+    (NumPy, SciPy, a callback).
+
+    >>> import jax, jax.numpy as jnp, jaxfn
+    >>> class Cube(jaxfn.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         ctx.save_for_backward(x)
+    ...         return x**3
+    ...     @staticmethod
+    ...     @jaxfn.once_differentiable
+    ...     def backward(ctx, grad_output):
+    ...         (x,) = ctx.saved_tensors
+    ...         return grad_output * 3 * x**2
+    >>> float(jax.grad(Cube.apply)(2.0))
+    12.0
+    """
+    function = backward.__func__ if isinstance(backward, staticmethod) else backward
+
+    @functools.wraps(function)
+    def once(ctx: Any, *grad_outputs: Any) -> Any:
+        return function(ctx, *grad_outputs)
+
+    setattr(once, _rule.ONCE_DIFFERENTIABLE, True)
+    return once
 
 
 class Function:
@@ -225,6 +270,7 @@ class Function:
     """
 
     forward_mode: bool = False
+    setup_context: Callable[..., Any] | None = None  # PyTorch 2's form: set it, and forward takes no ctx
     _jaxfn: AutogradFunction | None = None
 
     def __init_subclass__(cls, **kwargs: Any):
@@ -232,7 +278,9 @@ class Function:
         forward, backward = getattr(cls, "forward", None), getattr(cls, "backward", None)
         cls._jaxfn = None
         if forward is not None and backward is not None:
-            cls._jaxfn = AutogradFunction(forward, backward, name=cls.__name__, forward_mode=cls.forward_mode)
+            cls._jaxfn = AutogradFunction(
+                forward, backward, name=cls.__name__, forward_mode=cls.forward_mode, setup_context=cls.setup_context
+            )
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:

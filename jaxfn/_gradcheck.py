@@ -240,11 +240,11 @@ def _jaxfn_function(fn: Callable[..., Any]) -> AutogradFunction | None:
 
 def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
     jaxfn_function = _jaxfn_function(fn)
-    target = fn if jaxfn_function is None else jaxfn_function.forward
     try:
-        parameters = list(inspect.signature(target).parameters.values())
+        if jaxfn_function is None:
+            parameters = list(inspect.signature(fn).parameters.values())
+        else:
+            parameters = list(jaxfn_function._definition.signature.parameters.values())[1:]  # after ctx
     except (TypeError, ValueError):
         return []
-    if target is not fn:
-        parameters = parameters[1:]  # the context
     return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:count]

@@ -33,11 +33,24 @@ class Definition:
     backward_signature: inspect.Signature | None
     positional: tuple[str, ...] | None  # forward's parameter names when all are plain positional
     varargs: str | None  # forward's *args parameter
+    user_functions: tuple[Callable[..., Any], ...]  # what the user wrote (the eager path reads them)
+    once_differentiable: bool  # backward may not be differentiated again
 
     @classmethod
-    def of(cls, name: str, forward: Callable[..., Any], backward: Callable[..., Any]) -> Definition:
-        check_definition(name, "forward", forward)
+    def of(
+        cls,
+        name: str,
+        forward: Callable[..., Any],
+        backward: Callable[..., Any],
+        setup_context: Callable[..., Any] | None = None,
+    ) -> Definition:
         check_definition(name, "backward", backward)
+        user_functions: tuple[Callable[..., Any], ...] = (forward,)
+        if setup_context is None:
+            check_definition(name, "forward", forward)
+        else:
+            forward = _with_setup_context(name, forward, setup_context)
+            user_functions = (*user_functions, setup_context)
         signature = inspect.signature(forward)
         try:
             backward_signature = inspect.signature(backward)
@@ -51,6 +64,8 @@ class Definition:
             backward_signature,
             _arguments.positional_names(signature),
             _arguments.varargs_name(signature),
+            user_functions,
+            bool(getattr(backward, ONCE_DIFFERENTIABLE, False)),
         )
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Arguments:
@@ -134,9 +149,72 @@ def run_backward(
     array input, checked against that input. ``wanted[i]``: whether JAX differentiates input i."""
     grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads)
     _check_backward_accepts(definition, ctx, grad_outputs)
-    returned = definition.backward(ctx, *grad_outputs)
+    if definition.once_differentiable:
+        returned = _call_once_differentiable(definition, ctx, grad_outputs)
+    else:
+        returned = definition.backward(ctx, *grad_outputs)
     grads = _gradients.by_parameter(definition.name, args, returned)
     return _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
+
+
+ONCE_DIFFERENTIABLE = "_jaxfn_once_differentiable"
+
+_DIFFERENTIATED_AGAIN = (
+    "its backward is marked jaxfn.once_differentiable, but JAX is differentiating it again (jax.grad "
+    "of jax.grad, jax.hessian, or forward mode over a gradient); remove the decorator if backward is "
+    "written in JAX operations, or differentiate only once"
+)
+
+
+def _call_once_differentiable(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> Any:
+    """Backward inside a ``jax.custom_jvp`` whose derivative rule refuses, naming the function.
+
+    Every array backward reads (the context's arrays and the grad_outputs) is an explicit input,
+    so any differentiation of backward reaches the refusing rule.
+    """
+    saved, remainder = ctx.to_residuals()
+    leaves, treedef = jax.tree_util.tree_flatten(grad_outputs)
+
+    @jax.custom_jvp
+    def backward(saved: list[Any], leaves: list[Any]) -> Any:
+        again = Context.from_residuals(saved, remainder)
+        return definition.backward(again, *jax.tree_util.tree_unflatten(treedef, leaves))
+
+    def refuse(primals: Any, tangents: Any) -> Any:
+        raise error(AutogradFunctionTypeError, definition.name, _DIFFERENTIATED_AGAIN)
+
+    backward.defjvp(refuse)
+    return backward(saved, leaves)
+
+
+def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: Callable[..., Any]) -> Any:
+    """PyTorch 2's form, ``forward(*args)`` plus ``setup_context(ctx, inputs, output)``, as one
+    ``forward(ctx, *args)``: forward runs, then setup_context saves what backward needs."""
+    for role, function in (("forward", forward), ("setup_context", setup_context)):
+        if not callable(function):
+            raise error(AutogradFunctionTypeError, name, f"{role} must be a function, but got {type_name(function)}")
+    signature = inspect.signature(forward)
+    first = next(iter(signature.parameters), None)
+    if first == "ctx":
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            "setup_context is given, so forward must not take ctx (PyTorch 2's form is forward(*args) and "
+            "setup_context(ctx, inputs, output)), but forward's first parameter is ctx; drop ctx from forward, or "
+            "drop setup_context and save values in forward",
+        )
+
+    def forward_with_context(ctx: Context, *args: Any, **kwargs: Any) -> Any:
+        output = forward(*args, **kwargs)
+        setup_context(ctx, (*args, *kwargs.values()), output)
+        return output
+
+    context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)
+    forward_with_context.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[context, *signature.parameters.values()]
+    )
+    forward_with_context.__name__ = getattr(forward, "__name__", "forward")
+    return forward_with_context
 
 
 def _check_backward_accepts(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> None:
