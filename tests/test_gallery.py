@@ -1,0 +1,286 @@
+"""The gallery (examples/gallery): each entry's backward, forward and qualitative claim.
+
+Backwards are gradchecked against finite differences (or, for the deliberately "wrong" gradients
+of the straight-through estimator and gradient reversal, against ``jax.grad`` of the surrogate
+they stand for); forwards against the plain math; claims by XLA's memory report, NaN vs finite,
+and loss curves. Timings stay out of the tests.
+"""
+
+import importlib
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxfn
+
+GALLERY = Path(__file__).resolve().parent.parent / "examples" / "gallery"
+if str(GALLERY) not in sys.path:
+    sys.path.insert(0, str(GALLERY))
+
+gallery = importlib.import_module("_gallery")
+lce = importlib.import_module("linear_cross_entropy")
+deq = importlib.import_module("deq_fixed_point")
+nan_free = importlib.import_module("nan_free_gradients")
+ste = importlib.import_module("straight_through")
+reversal = importlib.import_module("gradient_reversal")
+clipping = importlib.import_module("gradient_clipping")
+silu = importlib.import_module("memory_saving_silu")
+
+f32 = jnp.float32
+
+
+def _temp_bytes(f, *args):
+    return gallery.memory(gallery.compiled(f, *args))["temp"]
+
+
+# 1. Linear + cross-entropy without the logits
+
+
+def test_linear_cross_entropy_gradcheck():
+    x, w, t = lce.example_inputs(tokens=8, hidden=3, vocab=5)
+    assert jaxfn.gradcheck(lce.linear_cross_entropy, x, w, t, 4)
+
+
+def _assert_linear_cross_entropy_matches_plain(transform, argnums):
+    x, w, t = lce.example_inputs(tokens=64, hidden=16, vocab=100)
+    value, grads = transform(jax.value_and_grad(lambda x, w: lce.linear_cross_entropy(x, w, t, 16), argnums))(x, w)
+    plain_value, plain_grads = jax.jit(jax.value_and_grad(lambda x, w: lce.plain_loss(x, w, t), argnums))(x, w)
+    assert value.dtype == f32
+    np.testing.assert_allclose(value, plain_value, rtol=1e-5)
+    for g, p in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(plain_grads)):
+        np.testing.assert_allclose(g, p, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(lce.linear_cross_entropy(x, w, t, 16), plain_value, rtol=1e-5)  # no grad
+
+
+def test_linear_cross_entropy_matches_plain_float32(maybe_jit):
+    _assert_linear_cross_entropy_matches_plain(maybe_jit, (0, 1))
+
+
+@pytest.mark.parametrize("argnums", [0, 1])
+def test_linear_cross_entropy_one_gradient(argnums):
+    """Only the gradient asked for is computed (needs_input_grad in forward) and it is right."""
+    _assert_linear_cross_entropy_matches_plain(jax.jit, argnums)
+
+
+def test_linear_cross_entropy_memory_at_the_issue_size():
+    """Compiled only (nothing runs): tokens 4096, hidden 512, vocab 32000, float32."""
+    args = (
+        jax.ShapeDtypeStruct((4096, 512), f32),
+        jax.ShapeDtypeStruct((32000, 512), f32),
+        jax.ShapeDtypeStruct((4096,), jnp.int32),
+    )
+    temps = [_temp_bytes(lce.loss_and_grads(f), *args) for f in lce.contenders(128).values()]
+    plain, checkpointed, fused = temps
+    assert plain > 1e9  # the (tokens, vocab) logits and their gradient
+    assert fused * 8 <= plain
+    assert fused < checkpointed
+
+
+def test_linear_cross_entropy_chunk_must_divide():
+    x, w, t = lce.example_inputs(tokens=10, hidden=3, vocab=5)
+    with pytest.raises(ValueError, match="multiple of chunk"):
+        lce.linear_cross_entropy(x, w, t, 4)
+
+
+# 2. Implicit differentiation of a fixed point
+
+
+def test_fixed_point_gradcheck():
+    x, w, u, _ = deq.example_inputs(batch=3, width=4, features=2, dtype=jnp.float64)
+    assert jaxfn.gradcheck(deq.fixed_point, x, w, u, 60)
+
+
+def test_fixed_point_matches_unrolled_at_convergence(maybe_jit):
+    args = deq.example_inputs(batch=8, width=16, features=4)
+    plain = jax.jit(jax.grad(deq.loss(deq.plain_fixed_point, 100), (0, 1, 2)))(*args)
+    implicit = maybe_jit(jax.grad(deq.loss(deq.fixed_point, 100), (0, 1, 2)))(*args)
+    np.testing.assert_allclose(deq.fixed_point(*args[:3], 100), deq.plain_fixed_point(*args[:3], 100))
+    z = deq.fixed_point(*args[:3], 100)
+    np.testing.assert_allclose(z, jnp.tanh(z @ args[1].T + args[0] @ args[2].T), atol=1e-6)  # a fixed point
+    for g, p in zip(implicit, plain):
+        np.testing.assert_allclose(g, p, atol=1e-4)
+
+
+def test_fixed_point_memory_flat_while_unrolled_grows():
+    args = deq.example_inputs(batch=16, width=32, features=8)
+    temps = {
+        (name, n): _temp_bytes(jax.grad(deq.loss(solve, n), (0, 1, 2)), *args)
+        for name, solve in [("unrolled", deq.plain_fixed_point), ("jaxfn", deq.fixed_point)]
+        for n in (10, 1000)
+    }
+    assert temps["jaxfn", 1000] == temps["jaxfn", 10]
+    assert temps["unrolled", 1000] > 50 * temps["unrolled", 10]
+    assert temps["unrolled", 1000] > 50 * temps["jaxfn", 1000]
+
+
+# 3. Gradients that autodiff gets wrong at a point
+
+
+def test_nan_free_gradcheck_and_forward():
+    x = jnp.array([0.3, -1.2, 2.0], f32)
+    assert jaxfn.gradcheck(nan_free.safe_norm, x)
+    assert jaxfn.gradcheck(nan_free.xlogx, jnp.abs(x))
+    np.testing.assert_allclose(nan_free.safe_norm(x), nan_free.plain_norm(x), rtol=1e-6)
+    np.testing.assert_allclose(nan_free.xlogx(jnp.abs(x)), nan_free.plain_xlogx(jnp.abs(x)), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(nan_free.safe_norm)(x), jax.grad(nan_free.plain_norm)(x), rtol=1e-6)
+
+
+def test_nan_free_at_the_bad_point(maybe_jit):
+    zeros = jnp.zeros(3, f32)
+    assert jnp.isnan(jax.grad(nan_free.plain_norm)(zeros)).all()
+    np.testing.assert_array_equal(maybe_jit(jax.grad(nan_free.safe_norm))(zeros), zeros)
+    assert jnp.isnan(jax.grad(nan_free.plain_xlogx)(f32(0)))
+    got = maybe_jit(jax.grad(nan_free.xlogx))(f32(0))
+    np.testing.assert_allclose(got, np.log(np.finfo(np.float32).tiny) + 1, rtol=1e-6)
+    assert nan_free.xlogx(f32(0)) == 0
+
+
+def test_nan_free_training():
+    plain, fixed = nan_free.train(nan_free.plain_norm, 50), nan_free.train(nan_free.safe_norm, 50)
+    assert jnp.isfinite(plain[0]) and jnp.isnan(plain[1:]).all()
+    assert jnp.isfinite(fixed).all() and fixed[-1] < fixed[0] / 5
+
+
+# 4. Straight-through estimators
+
+
+def test_straight_through_forward_is_the_quantizer():
+    w = jnp.asarray(np.random.default_rng(0).uniform(-1.5, 1.5, 50), f32)
+    np.testing.assert_array_equal(ste.quantize(w, 3), ste.plain_quantize(w, 3))
+    assert set(np.unique(np.asarray(ste.quantize(w, 3)) * 3).tolist()) <= {-3, -2, -1, 0, 1, 2, 3}
+    np.testing.assert_array_equal(ste.binarize(w), jnp.sign(w))
+
+
+@pytest.mark.parametrize("kind", ["quantize", "binarize"])
+def test_straight_through_backward_is_the_clip_gradient(maybe_jit, kind):
+    rng = np.random.default_rng(0)
+    w, c = jnp.asarray(rng.uniform(-1.5, 1.5, 50), f32), jnp.asarray(rng.standard_normal(50), f32)
+    quantizer, plain = {
+        "quantize": (lambda w: ste.quantize(w, 3), lambda w: ste.plain_quantize(w, 3)),
+        "binarize": (ste.binarize, ste.plain_binarize),
+    }[kind]
+    got = maybe_jit(jax.grad(lambda w: jnp.vdot(quantizer(w), c)))(w)
+    np.testing.assert_array_equal(got, jax.grad(lambda w: jnp.vdot(jnp.clip(w, -1, 1), c))(w))
+    assert not jnp.any(jax.grad(lambda w: jnp.vdot(plain(w), c))(w))  # plain autodiff: zero everywhere
+
+
+def test_straight_through_gradcheck():
+    """The backward is the exact gradient of clip(w, -1, 1), and (on purpose) not of round."""
+    w = jnp.array([-1.4, -0.63, 0.12, 0.51, 1.3], f32)
+    clip = jaxfn.autograd_function(
+        lambda ctx, w: (ctx.save_for_backward(w=w), jnp.clip(w, -1, 1))[1], ste.straight_through_backward
+    )
+    assert jaxfn.gradcheck(clip, w)
+    assert not jaxfn.gradcheck(ste.quantize, w, 3, raise_exception=False)
+
+
+@pytest.mark.parametrize(
+    "network", [0, 1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)]
+)
+def test_straight_through_trains_where_autodiff_is_flat(network):
+    name, quantizers = list(ste.networks(4).items())[network]
+    losses, _ = jax.jit(ste.train, static_argnums=(0, 1))(quantizers, 100)
+    if "plain autodiff" in name:
+        np.testing.assert_array_equal(losses, losses[0])
+    else:
+        assert losses[-1] < 0.8 * losses[0], name
+
+
+# 5. Gradient reversal
+
+
+def test_gradient_reversal_gradcheck_surrogate():
+    """The backward is the exact gradient of -lambda * x (not of the identity it computes)."""
+    x = jnp.array([0.5, -2.0, 3.0], f32)
+    negate = jaxfn.autograd_function(
+        lambda ctx, x, lambda_: (ctx.save_for_backward(lambda_=lambda_), -lambda_ * x)[1], reversal._backward
+    )
+    assert jaxfn.gradcheck(lambda x: negate(x, 0.7), x)  # lambda_ closed over: gradcheck perturbs Python floats
+    np.testing.assert_array_equal(reversal.reverse_gradient(x, 0.7), x)
+
+
+def test_gradient_reversal_under_jit_and_vmap():
+    rng = np.random.default_rng(0)
+    xs, cs = jnp.asarray(rng.standard_normal((4, 3)), f32), jnp.asarray(rng.standard_normal((4, 3)), f32)
+    per_example = jax.grad(lambda x, c: jnp.vdot(reversal.reverse_gradient(x, 0.5), c))
+    np.testing.assert_allclose(jax.jit(jax.vmap(per_example))(xs, cs), -0.5 * cs)
+    np.testing.assert_allclose(jax.vmap(per_example)(xs, cs), -0.5 * cs)
+    np.testing.assert_array_equal(jax.vmap(lambda x: reversal.reverse_gradient(x, 0.5))(xs), xs)
+    assert all(row[-1] for row in reversal.transform_rows(0.5))
+
+
+def test_gradient_reversal_in_a_domain_adversarial_loss():
+    for _, error, _ in reversal.dann_rows([0.5]):
+        assert float(error) < 1e-5
+
+
+# 6. Gradient clipping inside the graph
+
+
+def test_gradient_clipping_gradcheck_when_inactive():
+    x = jnp.array([[0.5, -2.0], [1.0, 3.0]], f32)
+    assert jaxfn.gradcheck(lambda x: clipping.clip_gradient(x, 1e6), x)
+
+
+def test_gradient_clipping_clips_each_example(maybe_jit):
+    x, weight, y = clipping.regression()
+    plain = np.asarray(jax.jit(jax.grad(lambda x: clipping.loss(lambda x: x, x, weight, y)))(x))
+    got = maybe_jit(jax.grad(lambda x: clipping.loss(lambda x: clipping.clip_gradient(x, 25.0), x, weight, y)))(x)
+    norms = np.linalg.norm(plain, axis=1, keepdims=True)
+    assert (norms > 25).any() and (norms < 25).any()
+    np.testing.assert_allclose(got, plain * np.minimum(1, 25 / norms), rtol=1e-5)
+    assert clipping.nonlinearity(25.0) > 1
+
+
+def test_gradient_clipping_refuses_forward_mode():
+    x = jnp.ones((2, 3), f32)
+    with pytest.raises(jaxfn.AutogradFunctionError, match="linear in grad_output"):
+        jax.jvp(lambda x: clipping.clip_gradient_forward_mode(x, 1.0), (x,), (x,))
+    with pytest.raises(jaxfn.AutogradFunctionError):
+        jax.jvp(lambda x: clipping.clip_gradient(x, 1.0), (x,), (x,))
+
+
+# 7. Memory-saving activation
+
+
+def test_silu_gradcheck_and_matches_plain(maybe_jit):
+    x = jnp.linspace(-4, 4, 9, dtype=f32)
+    assert jaxfn.gradcheck(silu.silu, x)
+    np.testing.assert_allclose(silu.silu(x), jax.nn.silu(x), rtol=1e-6)
+    got = maybe_jit(jax.grad(lambda x: jnp.sum(silu.silu(x) ** 2)))(x)
+    np.testing.assert_allclose(got, jax.grad(lambda x: jnp.sum(silu.plain_silu(x) ** 2))(x), rtol=1e-5, atol=1e-6)
+
+
+def test_silu_memory_eager_saves_jit_does_not():
+    weights, x = silu.example_inputs(batch=64, width=32, layers=2)
+    activations = {"plain": silu.plain_silu, "jaxfn": silu.silu}
+    held = {name: silu.pullback_bytes(f, weights, x) for name, f in activations.items()}
+    assert held["jaxfn"] < held["plain"]
+    temps = {name: _temp_bytes(jax.grad(silu.mlp_loss(f)), weights, x) for name, f in activations.items()}
+    assert temps["jaxfn"] == temps["plain"]  # XLA already recomputes the sigmoid on its own
+
+
+# Every entry's main runs and prints a markdown table (small sizes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module, argv",
+    [
+        (lce, ["--small", "--repeats", "1"]),
+        (deq, ["--batch", "4", "--width", "8", "--features", "2", "--iterations", "10", "100", "--repeats", "1"]),
+        (nan_free, ["--steps", "20"]),
+        (ste, ["--steps", "20"]),
+        (reversal, []),
+        (clipping, []),
+        (silu, ["--batch", "16", "--width", "16", "--layers", "2", "--repeats", "1"]),
+    ],
+)
+def test_main_prints_a_table(module, argv, capsys):
+    module.main(argv)
+    out = capsys.readouterr().out
+    assert "|---|" in out and "jax " in out
