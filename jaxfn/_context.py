@@ -9,6 +9,7 @@ everything else (numbers, strings, flags) as a static remainder kept per trace.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -239,10 +240,14 @@ class Context:
         try:
             return self._attrs[name]
         except KeyError:
+            close = difflib.get_close_matches(name, sorted(_OWN_NAMES - set(Context.__slots__)), n=1)
+            hint = f" Did you mean ctx.{close[0]}?" if close else ""
             raise error(
                 ContextAttributeError,
                 self._state.function,
-                unknown_name("ctx", name, self._attrs) + " Set attributes on ctx in forward to read them in backward.",
+                unknown_name("ctx", name, self._attrs)
+                + hint
+                + " Set attributes on ctx in forward to read them in backward.",
             ) from None
 
     def __delattr__(self, name: str) -> None:

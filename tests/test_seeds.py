@@ -102,3 +102,40 @@ def test_needs_input_grad_for_each_combination(which):
     assert seen["by_index"] == which
     assert tuple(seen["by_name"].values()) == which
     assert seen["by_key"] == which[2]
+
+
+def test_r_examples_ported_line_by_line():
+    """The seeds' R code with only the syntax changed ($ -> ., list(...) -> dict, <- -> =)."""
+    import jaxfn
+
+    def forward(ctx, i):
+        result = jnp.exp(i)  # result <- i$exp()
+        ctx.save_for_backward(result=result)  # ctx$save_for_backward(result = result)
+        return result
+
+    def backward(ctx, grad_output):
+        return {"i": grad_output * ctx.saved_variables.result}  # list(i = grad_output * ctx$saved_variables$result)
+
+    exp2_r = jaxfn.autograd_function(forward=forward, backward=backward)
+    np.testing.assert_allclose(jax.grad(lambda x: exp2_r(x).sum())(X), jnp.exp(X), rtol=1e-12)
+
+    def relu_backward(ctx, grad_output):
+        v = ctx.saved_variables  # v <- ctx$saved_variables
+        grad_input = grad_output.at[v.input < 0].set(0)  # grad_input[v$input < 0] <- 0 (arrays are immutable)
+        return {"input": grad_input}  # list(input = grad_input)
+
+    relu_r = jaxfn.autograd_function(
+        lambda ctx, input: (ctx.save_for_backward(input=input), jnp.clip(input, 0))[1], relu_backward
+    )
+    np.testing.assert_allclose(jax.grad(lambda x: relu_r(x).sum())(X), (X > 0).astype(X.dtype))
+
+
+def test_the_r_reference_page_typo_saved_variable_gets_a_hint():
+    import jaxfn
+
+    def backward(ctx, grad_output):
+        return {"i": grad_output * ctx.saved_variable.result}  # exp2's R reference page writes saved_variable
+
+    f = jaxfn.autograd_function(lambda ctx, i: (ctx.save_for_backward(result=jnp.exp(i)), jnp.exp(i))[1], backward)
+    with pytest.raises(AttributeError, match=r"ctx has no 'saved_variable'.*Did you mean ctx.saved_variables\?"):
+        jax.grad(lambda x: f(x).sum())(X)
