@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from . import _arguments, _eager, _forward_mode, _reverse_mode, _rule
+from . import _arguments, _eager, _forward_mode, _host, _reverse_mode, _rule
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
@@ -46,8 +46,20 @@ class AutogradFunction:
         name: str | None = None,
         forward_mode: bool = False,
         setup_context: Callable[..., Any] | None = None,
+        host: bool = False,
+        output: Any = None,
     ):
         self.name = name if name is not None else getattr(forward, "__name__", "function")
+        self._given = (forward, backward, setup_context, host, output)  # what pickling rebuilds from
+        if host:
+            if forward_mode or setup_context is not None:
+                raise error(
+                    AutogradFunctionTypeError,
+                    self.name,
+                    "host=True runs NumPy code that JAX can't transpose or trace, so it can't be combined with "
+                    "forward_mode=True or setup_context; drop one of them",
+                )
+            forward, backward = _host.wrap(self.name, forward, backward, output)
         self._definition = _rule.Definition.of(self.name, forward, backward, setup_context)
         if forward_mode and self._definition.once_differentiable:
             raise error(
@@ -56,7 +68,7 @@ class AutogradFunction:
                 "it has forward_mode=True, whose tangent rule differentiates backward, but backward is marked "
                 "jaxfn.once_differentiable; drop one of the two",
             )
-        self._setup_context = setup_context
+
         self.forward_mode = bool(forward_mode)
         self._build = _forward_mode.build if self.forward_mode else _reverse_mode.build
         self._eager = _eager.path_for(forward)
@@ -65,17 +77,17 @@ class AutogradFunction:
 
     @property
     def forward(self) -> Callable[..., Any]:
-        return self._definition.user_functions[0]
+        return self._given[0]
 
     @property
     def backward(self) -> Callable[..., Any]:
-        return self._definition.backward
+        return self._given[1]
 
     def __repr__(self) -> str:
         return f"<jaxfn.AutogradFunction '{self.name}'>"
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (self.forward, self.backward, self.name, self.forward_mode, self._setup_context))
+        return (_rebuild, (self.name, self.forward_mode, *self._given))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not kwargs:
@@ -138,8 +150,11 @@ def _closes_over_differentiated(function: Any) -> bool:
 _DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
 
 
-def _rebuild(forward: Any, backward: Any, name: str, forward_mode: bool, setup_context: Any) -> AutogradFunction:
-    return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context)
+def _rebuild(name: str, forward_mode: bool, forward: Any, backward: Any, *rest: Any) -> AutogradFunction:
+    setup_context, host, output = rest
+    return AutogradFunction(
+        forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context, host=host, output=output
+    )
 
 
 def _explain(err: Exception) -> str | None:
@@ -159,6 +174,8 @@ def autograd_function(
     name: str | None = None,
     forward_mode: bool = False,
     setup_context: Callable[..., Any] | None = None,
+    host: bool = False,
+    output: Any = None,
 ) -> AutogradFunction:
     """Make a differentiable JAX function from a ``forward`` and a ``backward``, as R torch does.
 
@@ -196,6 +213,10 @@ def autograd_function(
       forward_mode: also support forward-mode autodiff, by transposing backward.
       setup_context: PyTorch 2's form: ``forward(*args)`` takes no ctx, and
         ``setup_context(ctx, inputs, output)`` saves what backward needs.
+      host: forward and backward are NumPy/SciPy code, run through ``jax.pure_callback``
+        (under ``jit``, ``grad`` and ``vmap``); backward is once-differentiable.
+      output: with ``host=True``, the output's ``jax.ShapeDtypeStruct`` (pytree), checked
+        against what forward returns; by default it is derived once by running forward on ones.
 
     Returns:
       A callable ``jaxfn.AutogradFunction``.
@@ -213,7 +234,9 @@ def autograd_function(
     >>> print(jax.grad(lambda x: mul_constant(x, 2).sum())(jnp.ones(1)))
     [2.]
     """
-    return AutogradFunction(forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context)
+    return AutogradFunction(
+        forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context, host=host, output=output
+    )
 
 
 def once_differentiable(backward: Callable[..., Any]) -> Callable[..., Any]:
@@ -271,6 +294,8 @@ class Function:
 
     forward_mode: bool = False
     setup_context: Callable[..., Any] | None = None  # PyTorch 2's form: set it, and forward takes no ctx
+    host: bool = False  # forward and backward in NumPy, through jax.pure_callback
+    output: Any = None  # with host: the output's ShapeDtypeStruct (else derived once)
     _jaxfn: AutogradFunction | None = None
 
     def __init_subclass__(cls, **kwargs: Any):
@@ -279,7 +304,13 @@ class Function:
         cls._jaxfn = None
         if forward is not None and backward is not None:
             cls._jaxfn = AutogradFunction(
-                forward, backward, name=cls.__name__, forward_mode=cls.forward_mode, setup_context=cls.setup_context
+                forward,
+                backward,
+                name=cls.__name__,
+                forward_mode=cls.forward_mode,
+                setup_context=cls.setup_context,
+                host=cls.host,
+                output=cls.output,
             )
 
     @classmethod

@@ -18,6 +18,7 @@ LAYERS = [
     "_reverse_mode",
     "_forward_mode",
     "_eager",
+    "_host",
     "_function",
     "_gradcheck",
     "__init__",

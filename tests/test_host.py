@@ -1,0 +1,113 @@
+"""host=True: NumPy/SciPy forward and backward through jax.pure_callback, under jit, grad and vmap."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.special
+
+import jaxfn
+
+
+def _jv_forward(ctx, x, order):
+    assert isinstance(x, np.ndarray)  # host code sees NumPy arrays
+    ctx.save_for_backward(x=x)
+    ctx.order = order
+    return scipy.special.jv(order, x)  # Bessel J of real order: JAX has no such function
+
+
+def _jv_backward(ctx, grad_output):
+    assert isinstance(grad_output, np.ndarray)
+    return {"x": grad_output * scipy.special.jvp(ctx.order, ctx.saved_variables.x)}
+
+
+bessel_jv = jaxfn.autograd_function(_jv_forward, _jv_backward, host=True, name="bessel_jv")
+X = jnp.linspace(0.5, 6.0, 7)
+
+
+def _reference(x, order=1.5, derivative=False):
+    f = scipy.special.jvp if derivative else scipy.special.jv
+    return f(order, np.asarray(x))
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit])
+def test_values_and_gradients_under_jit(transform):
+    np.testing.assert_allclose(transform(lambda x: bessel_jv(x, 1.5))(X), _reference(X), rtol=1e-12)
+    grad = transform(jax.grad(lambda x: bessel_jv(x, 1.5).sum()))(X)
+    np.testing.assert_allclose(grad, _reference(X, derivative=True), rtol=1e-12)
+
+
+def test_vmap_calls_the_host_once_per_element():
+    got = jax.vmap(lambda x: bessel_jv(x, 2.5))(X.reshape(7, 1))
+    np.testing.assert_allclose(got.ravel(), _reference(X, 2.5), rtol=1e-12)
+    grads = jax.jit(jax.vmap(jax.grad(lambda x: bessel_jv(x, 2.5))))(X)
+    np.testing.assert_allclose(grads, _reference(X, 2.5, derivative=True), rtol=1e-12)
+
+
+def test_gradcheck_against_finite_differences():
+    assert jaxfn.gradcheck(lambda x: bessel_jv(x, 0.7), X)
+    wrong = jaxfn.autograd_function(
+        _jv_forward, lambda ctx, g: {"x": g * scipy.special.jv(ctx.order, ctx.saved_variables.x)}, host=True
+    )
+    assert not jaxfn.gradcheck(lambda x: wrong(x, 0.7), X, raise_exception=False)
+
+
+def test_second_derivative_is_refused_in_jaxfn_words():
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'bessel_jv': it runs NumPy code on the host"):
+        jax.grad(lambda x: jax.grad(lambda x: bessel_jv(x, 1.5).sum())(x).sum())(X)
+
+
+class Stats(jaxfn.Function):
+    """Two outputs, one marked non-differentiable, and a Python number saved on ctx."""
+
+    host = True
+
+    @staticmethod
+    def forward(ctx, x, w):
+        count = int(np.sum(x > 0))
+        ctx.save_for_backward(x, w)
+        ctx.count = count
+        out = np.tanh(x) * w
+        ctx.mark_non_differentiable(count)
+        return out, count
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_count):
+        assert not np.any(grad_count) and isinstance(ctx.count, int)  # a count computed on the host: an array
+        x, w = ctx.saved_tensors
+        return grad_out * w * (1 - np.tanh(x) ** 2), (grad_out * np.tanh(x)).sum(0)
+
+
+def test_class_style_two_parameters_broadcast_gradient_and_python_values():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 3)))
+    w = jnp.asarray([0.5, -1.0, 2.0])
+    grads = jax.jit(jax.grad(lambda x, w: Stats.apply(x, w)[0].sum(), (0, 1)))(x, w)
+    want = jax.grad(lambda x, w: (jnp.tanh(x) * w).sum(), (0, 1))(x, w)
+    for g, r in zip(grads, want):
+        np.testing.assert_allclose(g, r, rtol=1e-12)
+    out, count = Stats.apply(x, w)
+    assert int(count) == int(np.sum(np.asarray(x) > 0))
+
+
+def test_declared_output_is_checked():
+    spec = jax.ShapeDtypeStruct((7,), jnp.float64)
+    declared = jaxfn.autograd_function(_jv_forward, _jv_backward, host=True, output=spec, name="declared")
+    np.testing.assert_allclose(declared(X, 1.5), _reference(X), rtol=1e-12)
+    wrong = jaxfn.autograd_function(
+        _jv_forward, _jv_backward, host=True, output=jax.ShapeDtypeStruct((3,), jnp.float64), name="wrong_output"
+    )
+    with pytest.raises(
+        jaxfn.AutogradFunctionError, match=r"'wrong_output': output= declares \[\(\(3,\), 'float64'\)\]"
+    ):
+        wrong(X, 1.5)
+
+
+def test_host_forward_must_return_numbers():
+    f = jaxfn.autograd_function(lambda ctx, x: "text", lambda ctx, g: None, host=True, name="texty")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'texty': a host forward \(host=True\) must return NumPy"):
+        f(X)
+
+
+def test_host_with_forward_mode_is_refused():
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': host=True runs NumPy code"):
+        jaxfn.autograd_function(_jv_forward, _jv_backward, host=True, forward_mode=True, name="f")
