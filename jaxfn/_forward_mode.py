@@ -18,13 +18,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
-from jax.extend.core import jaxpr_as_fun
 
 from . import _arguments, _linearity, _rule
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error
 from ._outputs import Outputs
+
+# What JAX raises when a function needs concrete values of a traced array.
+_NEEDS_VALUES = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
 
 NOT_LINEAR = (
     "it has forward_mode=True, so its backward must be linear in grad_output (its transpose is the "
@@ -51,13 +59,19 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
         pullback = _pullback(definition, args, ctx, info, primals, perturbed, wanted, outs)
         examples = [_rule.zeros_like(out[i]) for i in outs]
-        closed = jax.make_jaxpr(pullback)(*examples)
+        try:
+            closed = jax.make_jaxpr(pullback)(*examples)
+        except _NEEDS_VALUES as err:
+            what = (
+                f"it needs the concrete value of grad_output ({type(err).__name__}), which a linear function never does"
+            )
+            raise error(AutogradFunctionTypeError, definition.name, NOT_LINEAR.format(what=what)) from None
         try:
             _linearity.check(closed, [args.paths[args.array_positions[i]] for i in wanted])
         except _linearity.NotLinear as err:
             raise error(AutogradFunctionTypeError, definition.name, NOT_LINEAR.format(what=err)) from None
         try:
-            _, transpose = jax.vjp(jaxpr_as_fun(closed), *examples)  # linear: its VJP is its transpose
+            _, transpose = jax.vjp(_linearity.transposable(closed), *examples)  # linear: its VJP is its transpose
             out_tangents = transpose([tangents[i] for i in wanted])
         except Exception as err:  # noqa: BLE001 - any failure to transpose is reported in jaxfn's words
             raise error(

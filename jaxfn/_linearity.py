@@ -58,8 +58,11 @@ _CONST_OPERANDS = {
 # Linear in one operand when the others do not depend on grad_output.
 _PRODUCT = {"mul", "dot_general", "conv_general_dilated"}
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
+          "remat": "jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
           "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr", "custom_lin": None}  # fmt: skip
+# Functions with their own derivative rules: proven linear by their primal computation, and
+# transposed through it too (``transposable``), never through their custom rule.
+_CUSTOM = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
 
 def check(closed_jaxpr: Any, output_names: list[str]) -> None:
@@ -68,13 +71,14 @@ def check(closed_jaxpr: Any, output_names: list[str]) -> None:
     ``output_names`` name the outputs (the differentiated parameters) for the message.
     """
     jaxpr = closed_jaxpr.jaxpr
-    states = _run(jaxpr, [_const_state(c) for c in closed_jaxpr.consts], [LINEAR] * len(jaxpr.invars))
+    states = _run(jaxpr, [_const_state(c) for c in closed_jaxpr.consts], [LINEAR] * len(jaxpr.invars), False)
     for name, state in zip(output_names, states):
         if state == CONST:
             raise NotLinear(f"its gradient for '{name}' does not depend on grad_output and is not zero")
 
 
-def _run(jaxpr: Any, const_states: list[str], in_states: list[str]) -> list[str]:
+def _run(jaxpr: Any, const_states: list[str], in_states: list[str], in_body: bool) -> list[str]:
+    """The state of each output of ``jaxpr``; ``in_body``: inside a loop or branch body."""
     env: dict[Any, str] = {}
     for var, state in zip(jaxpr.constvars, const_states):
         env[var] = state
@@ -82,7 +86,7 @@ def _run(jaxpr: Any, const_states: list[str], in_states: list[str]) -> list[str]
         env[var] = state
     for eqn in jaxpr.eqns:
         states = [_read(env, v) for v in eqn.invars]
-        for var, state in zip(eqn.outvars, _rule(eqn, states)):
+        for var, state in zip(eqn.outvars, _rule(eqn, states, in_body)):
             env[var] = state
     return [_read(env, v) for v in jaxpr.outvars]
 
@@ -100,19 +104,36 @@ def _const_state(value: Any) -> str:
         return CONST
 
 
-def _rule(eqn: Any, states: list[str]) -> list[str]:
+def _rule(eqn: Any, states: list[str], in_body: bool) -> list[str]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     if LINEAR not in states:
-        if name in _PRODUCT and ZERO in states or (name in _UNARY | _ADDITIVE and all(s == ZERO for s in states)):
+        # 0 * c is zero only if c is finite: known only when c is a zero too
+        if all(s == ZERO for s in states) and name in _UNARY | _ADDITIVE | _PRODUCT:
             return [ZERO] * n_out
         return [CONST] * n_out
+    if name in _CUSTOM and in_body:
+        raise NotLinear(
+            _message(
+                eqn,
+                "calls a function with a custom derivative rule on grad_output inside a loop or branch, where "
+                "jaxfn can't transpose around that rule; call it outside the loop or branch",
+            )
+        )
     if name in _CALLS:
-        return _call(eqn, states)
+        return _call(eqn, states, in_body)
     if name == "cond":
         return _cond(eqn, states)
     if name in ("scan", "while"):
         return _loop(eqn, states)
+    if name == "gather" and _fills_with_nonzero(eqn):
+        raise NotLinear(
+            _message(
+                eqn,
+                "fills out-of-bounds positions with a non-zero value (jnp.take's default mode='fill' uses NaN); "
+                "use mode='clip' or fill_value=0",
+            )
+        )
     fixed = list(_CONST_OPERANDS.get(name, lambda n: [])(len(states)))
     if any(states[i] == LINEAR for i in fixed):
         raise NotLinear(_message(eqn, "uses a value computed from grad_output as an index or a condition"))
@@ -147,19 +168,26 @@ def _rule(eqn: Any, states: list[str]) -> list[str]:
     raise NotLinear(_message(eqn, "is applied to a value computed from grad_output, and it is not linear"))
 
 
-def _call(eqn: Any, states: list[str]) -> list[str]:
+def _fills_with_nonzero(eqn: Any) -> bool:
+    if "FILL_OR_DROP" not in str(eqn.params.get("mode", "")):
+        return False
+    fill = eqn.params.get("fill_value")
+    return fill is None or fill != 0  # None means NaN for inexact dtypes
+
+
+def _call(eqn: Any, states: list[str], in_body: bool) -> list[str]:
     param = _CALLS[eqn.primitive.name]
     inner = eqn.params.get(param) if param else None
     if inner is None:
         raise NotLinear(_message(eqn, "is a call jaxfn can't look inside"))
     jaxpr, consts = (inner.jaxpr, inner.consts) if hasattr(inner, "consts") else (inner, [])
-    return _run(jaxpr, [_const_state(c) for c in consts], states)
+    return _run(jaxpr, [_const_state(c) for c in consts], states, in_body)
 
 
 def _cond(eqn: Any, states: list[str]) -> list[str]:
     if states[0] == LINEAR:
         raise NotLinear(_message(eqn, "branches on a value computed from grad_output"))
-    results = [_run(b.jaxpr, [_const_state(c) for c in b.consts], states[1:]) for b in eqn.params["branches"]]
+    results = [_run(b.jaxpr, [_const_state(c) for c in b.consts], states[1:], True) for b in eqn.params["branches"]]
     return [_join(eqn, column) for column in zip(*results)]
 
 
@@ -175,7 +203,7 @@ def _loop(eqn: Any, states: list[str]) -> list[str]:
             states[n_consts + n_carry :],
         )
         for _ in range(4):
-            out = _run(body.jaxpr, [_const_state(c) for c in body.consts], consts + carry + xs)
+            out = _run(body.jaxpr, [_const_state(c) for c in body.consts], consts + carry + xs, True)
             new = [_join(eqn, pair) for pair in zip(carry, out[:n_carry])]
             if new == carry:
                 return carry + out[n_carry:]
@@ -184,11 +212,10 @@ def _loop(eqn: Any, states: list[str]) -> list[str]:
     cond_n, body_n = p["cond_nconsts"], p["body_nconsts"]
     cond_consts, body_consts, carry = states[:cond_n], states[cond_n : cond_n + body_n], states[cond_n + body_n :]
     for _ in range(4):
-        if LINEAR in _run(
-            p["cond_jaxpr"].jaxpr, [_const_state(c) for c in p["cond_jaxpr"].consts], cond_consts + carry
-        ):
+        cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+        if LINEAR in _run(cond.jaxpr, [_const_state(c) for c in cond.consts], cond_consts + carry, True):
             raise NotLinear(_message(eqn, "loops on a condition computed from grad_output"))
-        out = _run(p["body_jaxpr"].jaxpr, [_const_state(c) for c in p["body_jaxpr"].consts], body_consts + carry)
+        out = _run(body.jaxpr, [_const_state(c) for c in body.consts], body_consts + carry, True)
         new = [_join(eqn, pair) for pair in zip(carry, out)]
         if new == carry:
             return carry
@@ -212,3 +239,41 @@ def _inexact(var: Any) -> bool:
 
 def _message(eqn: Any, what: str) -> str:
     return f"the operation '{eqn.primitive.name}' in backward {what}"
+
+
+def transposable(closed_jaxpr: Any) -> Any:
+    """A function evaluating ``closed_jaxpr`` with calls inlined, and functions that have custom
+    derivative rules replaced by their primal computation: the computation ``check`` proved
+    linear, so that JAX's reverse mode transposes exactly that, never a custom rule."""
+
+    def run(*args: Any) -> list[Any]:
+        return _evaluate(closed_jaxpr.jaxpr, closed_jaxpr.consts, args)
+
+    return run
+
+
+def _evaluate(jaxpr: Any, consts: Any, args: Any) -> list[Any]:
+    env: dict[Any, Any] = {}
+
+    def read(var: Any) -> Any:
+        return var.val if hasattr(var, "val") else env[var]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        values = [read(v) for v in eqn.invars]
+        param = _CALLS.get(eqn.primitive.name)
+        if param is not None and eqn.params.get(param) is not None:
+            inner = eqn.params[param]
+            inner_jaxpr, inner_consts = (inner.jaxpr, inner.consts) if hasattr(inner, "consts") else (inner, [])
+            outs = _evaluate(inner_jaxpr, inner_consts, values)
+        else:
+            bound = eqn.primitive.get_bind_params(eqn.params)  # (subfuns, params) before jax 0.10
+            subfuns, params = bound if isinstance(bound, tuple) else ((), bound)
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*subfuns, *values, **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for var, value in zip(eqn.outvars, outs):
+            if type(var).__name__ != "DropVar":
+                env[var] = value
+    return [read(v) for v in jaxpr.outvars]

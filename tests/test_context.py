@@ -155,7 +155,9 @@ def test_needs_input_grad_by_index_and_name_in_forward_too():
 
     f = jaxfn.autograd_function(forward, backward)
     jax.grad(lambda b: f(1.0, b))(2.0)  # a is a static Python float
-    assert seen == [("forward", False, True, True), ("backward", False, True, 2)]
+    # JAX may also trace the primal alone (jax_custom_vjp3 does), with no flag set
+    assert ("forward", False, True, True) in seen
+    assert seen[-1] == ("backward", False, True, 2)
 
 
 def test_mark_non_differentiable(maybe_jit):

@@ -215,3 +215,33 @@ def test_linear_backwards_built_from_many_ops_are_accepted(name):
 def test_zero_gradients_are_linear():
     f = jaxfn.autograd_function(lambda ctx, x, y: x * 2 + y, lambda ctx, g: (g * 2, jnp.zeros(2)), forward_mode=True)
     _close(jax.jvp(f, (jnp.ones(2), jnp.ones(2)), (jnp.ones(2), jnp.ones(2)))[1], jnp.full(2, 2.0))
+
+
+@pytest.mark.parametrize(
+    "backward, what",
+    [
+        (
+            lambda ctx, g: jnp.take(g, jnp.array([0, 1, 7]), mode="fill", fill_value=1.0)[:2] * 0 + g[:2].sum(),
+            "'gather' in backward fills out-of-bounds positions",
+        ),
+        (lambda ctx, g: g + 0.0 * jnp.array([jnp.inf, 1.0]), "the backward is affine"),
+        (lambda ctx, g: g * 2 if g.sum() > 0 else g, "it needs the concrete value of grad_output"),
+    ],
+    ids=["take fills with 1", "0 * inf", "branch on g"],
+)
+def test_more_backwards_that_are_not_linear(backward, what):
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, backward, name="f", forward_mode=True)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=rf"'f': it has forward_mode=True.*{what}"):
+        jax.jvp(f, (jnp.ones(2),), (jnp.ones(2),))
+
+
+def test_a_custom_rule_called_on_grad_output_is_transposed_through_its_primal():
+    @jax.custom_vjp
+    def clip_gradient(g):  # identity, whose own backward clips: linear as a function, not as a rule
+        return g
+
+    clip_gradient.defvjp(lambda g: (g, None), lambda _, ct: (jnp.clip(ct, -1.0, 1.0),))
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: clip_gradient(g) * 2.0, forward_mode=True)
+    x, t = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5, -3.0, 2.0])
+    _close(jax.jvp(f, (x,), (t,))[1], 2.0 * t)  # the transpose of what backward computes: g * 2
+    _close(jax.grad(lambda x: (f(x) * 5.0).sum())(x), jnp.full(3, 10.0))  # backward's value, ct = 5
