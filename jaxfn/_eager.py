@@ -30,6 +30,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import struct
+import sys
 import threading
 import types
 import weakref
@@ -37,6 +39,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import config as _config
 from jax._src import core as _jax_core
 from jax.extend.core import jaxpr_as_fun
 
@@ -121,7 +124,7 @@ class EagerPath:
         for a in args:
             if type(a) is not _ARRAY_IMPL:
                 return MISS
-        entry = self._fast.get((definition.name, tuple([a.aval for a in args])))
+        entry = self._fast.get((definition.name, _x64(), tuple([a.aval for a in args])))
         if entry is None or not _trace_state_clean() or not entry.still_valid():
             return MISS
         return entry(args)
@@ -214,7 +217,7 @@ def _fast_key(definition: _rule.Definition, args: Arguments) -> Any:
         return None
     if args.treedef != jax.tree_util.tree_structure(tuple(args.arrays)):
         return None
-    return definition.name, tuple(a.aval for a in args.arrays)
+    return definition.name, _x64(), tuple(a.aval for a in args.arrays)
 
 
 def _op_by_op(definition: _rule.Definition, args: Arguments) -> Any:
@@ -260,10 +263,36 @@ def _key(definition: _rule.Definition, args: Arguments) -> Any:
     """The cache key of a call, or None where a static value is not an immutable value."""
     try:
         statics = tuple(_value_key(s) for s, kind in zip(args.statics, args.kinds) if kind == STATIC)
+        structure = _structure_key(args.treedef)
     except _Uncacheable:
         return None
     arrays = tuple(a.aval if isinstance(a, jax.Array) else (a.shape, a.dtype, "numpy") for a in args.arrays)
-    return definition.name, args.treedef, args.kinds, statics, arrays
+    return definition.name, _x64(), structure, args.kinds, statics, arrays
+
+
+def _x64() -> bool:
+    """Whether 64-bit types are on (a result's dtype depends on it): part of every key."""
+    return _config.enable_x64.value
+
+
+def _structure_key(treedef: Any) -> Any:
+    """The treedef, with the static data of custom pytree nodes keyed strictly (1 and 1.0 differ)."""
+    node_type, _ = treedef.node_data() or (None, None)
+    children = treedef.children()
+    if node_type in (tuple, list, None) and all(child.num_nodes == 1 for child in children):
+        return treedef  # a tuple or list of leaves: equality is exact
+    return treedef, _aux_key(treedef)
+
+
+def _aux_key(treedef: Any) -> Any:
+    node_type, data = treedef.node_data() or (None, None)
+    return node_type, _static_data_key(data), tuple(_aux_key(child) for child in treedef.children())
+
+
+def _static_data_key(data: Any) -> Any:
+    if isinstance(data, (tuple, list)):
+        return type(data), tuple(_static_data_key(d) for d in data)
+    return _value_key(data)
 
 
 def _value_key(value: Any) -> Any:
@@ -272,9 +301,9 @@ def _value_key(value: Any) -> Any:
     if value is None or kind in (int, bool, str, bytes):
         return kind, value
     if kind is float:
-        return kind, value.hex()
+        return kind, struct.pack("<d", value)  # every bit: -0.0 and -nan too
     if kind is complex:
-        return kind, value.real.hex(), value.imag.hex()
+        return kind, struct.pack("<dd", value.real, value.imag)
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return kind, value.dtype.str, value.tobytes()
     if isinstance(value, np.dtype):
@@ -304,28 +333,55 @@ def _outside_reads(functions: tuple[Any, ...]) -> tuple[tuple[Any, str, Any], ..
     return tuple(reads)
 
 
+# Names of functions with hidden state (random numbers, clocks): a forward calling one never compiles.
+_HIDDEN_STATE = {"random", "rand", "randn", "randint", "default_rng", "getrandbits", "urandom", "uuid1", "uuid4",
+                 "time", "time_ns", "perf_counter", "monotonic", "now", "today", "shuffle", "permutation"}  # fmt: skip
+# Libraries whose module attributes are functions and constants, not a user's settings.
+_LIBRARIES = {"jax", "jaxlib", "jaxfn", "numpy", "scipy", "ml_dtypes", "math", "cmath", "functools", "operator"}
+
+
 def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
     code = getattr(forward, "__code__", None)
     if not isinstance(forward, types.FunctionType) or code is None:
         return None  # a bound method or callable object may read its own mutable state
-    reads = []
-    namespace = forward.__globals__
-    for name in sorted(_names(code)):
-        value = namespace.get(name, MISSING)
-        if value is MISSING:
-            continue
-        if not _immutable(value):
-            return None
-        reads.append((namespace, name, value))
+    names = _names(code)
+    if names & _HIDDEN_STATE:
+        return None
+    reads: list[tuple[Any, str, Any]] = []
+    if not _add_reads(forward.__globals__, sorted(names), names, reads, depth=2):
+        return None
     for cell in forward.__closure__ or ():
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        if not _immutable(value):
+        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth=2):
             return None
         reads.append((cell, "", value))
     return tuple(reads)
+
+
+def _add_reads(namespace: Any, candidates: list[str], names: set[str], reads: list, depth: int) -> bool:
+    """Record ``namespace[name]`` for each candidate name; False if one is a mutable object."""
+    for name in candidates:
+        value = namespace.get(name, MISSING)
+        if value is MISSING:
+            continue
+        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth):
+            return False
+        reads.append((namespace, name, value))
+    return True
+
+
+def _add_attribute_reads(value: Any, names: set[str], reads: list, depth: int) -> bool:
+    """For a user's module or class, also record the attributes forward may read from it
+    (``config.scale``, ``MyFunction.k``): they can be rebound."""
+    if depth == 0 or not isinstance(value, (types.ModuleType, type)):
+        return True
+    root = (value.__name__ if isinstance(value, types.ModuleType) else value.__module__ or "").split(".")[0]
+    if root in _LIBRARIES or root in sys.stdlib_module_names:
+        return True
+    return _add_reads(vars(value), sorted(names & set(vars(value))), names, reads, depth - 1)
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -351,7 +407,7 @@ def _immutable(value: Any) -> bool:
 
 
 def _lookup(where: Any, name: str) -> Any:
-    if isinstance(where, dict):
+    if not isinstance(where, types.CellType):  # a module's or class's namespace
         return where.get(name, MISSING)
     try:
         return where.cell_contents

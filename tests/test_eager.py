@@ -1,8 +1,12 @@
 """Eager calls mean what the Python says (SPEC section 9): a compiled copy only where nobody can tell."""
 
+import dataclasses
+import functools
 import gc
+import math
 import pickle
 import threading
+import types
 import weakref
 
 import jax
@@ -262,3 +266,72 @@ def test_traced_calls_do_not_use_the_eager_path():
     jax.jit(lambda x: f(x, 2))(jnp.ones(2))
     jax.vmap(lambda x: f(x, 2))(jnp.ones(2))
     assert len(f._eager) == 0
+
+
+def test_forward_branching_on_numpy_random_never_compiles():
+    def forward(ctx, x):
+        return x * 2.0 if np.random.rand() < 0.5 else x * 3.0
+
+    f = jaxfn.autograd_function(forward, _no_backward, name="coin")
+    np.random.seed(0)
+    got = {float(f(jnp.ones(1))[0]) for _ in range(40)}
+    assert got == {2.0, 3.0}
+
+
+settings = types.ModuleType("user_settings")  # a user's config module
+settings.scale = 2.0
+
+
+class _Scaled(jaxfn.Function):
+    k = 2.0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * _Scaled.k * settings.scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_attributes_of_a_user_module_or_class_are_re_checked():
+    try:
+        for _ in range(ROUNDS):
+            np.testing.assert_allclose(_Scaled.apply(jnp.ones(2)), [4.0, 4.0])
+        settings.scale = 5.0
+        np.testing.assert_allclose(_Scaled.apply(jnp.ones(2)), [10.0, 10.0])
+        _Scaled.k = 3.0
+        np.testing.assert_allclose(_Scaled.apply(jnp.ones(2)), [15.0, 15.0])
+    finally:
+        settings.scale, _Scaled.k = 2.0, 2.0
+
+
+def test_x64_mode_is_part_of_the_key():
+    f = jaxfn.autograd_function(lambda ctx, x: x * 1.5, _no_backward, name="widen")
+    x = np.arange(3, dtype=np.int32)
+    with jax.enable_x64(False):
+        for _ in range(ROUNDS):
+            assert f(jnp.asarray(x)).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert f(jnp.asarray(x)).dtype == jnp.float64
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["x"], meta_fields=["sign"])
+@dataclasses.dataclass
+class _Signed:
+    x: jax.Array
+    sign: float
+
+
+def test_static_pytree_fields_that_compare_equal_get_their_own_result():
+    f = jaxfn.autograd_function(lambda ctx, p: p.x * math.copysign(1.0, p.sign), _no_backward, name="signed")
+    for _ in range(ROUNDS):
+        for sign, want in ((0.0, 1.0), (-0.0, -1.0)):
+            np.testing.assert_allclose(f(_Signed(jnp.ones(2), sign)), [want, want])
+
+
+def test_nan_and_negative_nan_are_different_keys():
+    f = jaxfn.autograd_function(lambda ctx, x, v: x * math.copysign(1.0, v), _no_backward, name="nan_sign")
+    for _ in range(ROUNDS):
+        np.testing.assert_allclose(f(jnp.ones(1), float("nan")), [1.0])
+        np.testing.assert_allclose(f(jnp.ones(1), -float("nan")), [-1.0])
