@@ -107,21 +107,98 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
         return fn(*call_args, **call_kwargs)
 
     x0 = [leaves[i] for i in checked]
-    cotangent = _random_like(rng, jax.eval_shape(call, x0), _differentiable_outputs(fn, args, kwargs, leaves, treedef))
-    if not any(w is not None for w in jax.tree_util.tree_leaves(cotangent, is_leaf=lambda w: w is None)):
+    select = _outputs_to_check(fn, args, kwargs, leaves, treedef)
+    checked_labels = [labels[i] for i in checked]
+    out_shapes = jax.eval_shape(lambda diff: select(call(diff)), x0)
+    if not out_shapes:
         raise error(
             GradcheckError,
             GRADCHECK,
             "there is nothing to check: no output is floating-point or complex and differentiable, so no "
             "gradient flows back",
         )
-    scalar = lambda diff: _vdot(cotangent, call(diff))  # noqa: E731
-    _check(scalar, x0, [labels[i] for i in checked], eps, atol, rtol, rng, "")
+    inputs = sum(2 * np.size(x) if jnp.iscomplexobj(x) else np.size(x) for x in x0)
+    outputs = sum(2 * np.prod(o.shape) if jnp.iscomplexobj(o) else np.prod(o.shape) for o in out_shapes)
+    if inputs * outputs <= JACOBIAN_ENTRIES:
+        _check_jacobian(lambda diff: select(call(diff)), x0, checked_labels, eps, atol, rtol)
+    else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
+        cotangent = _random_like(rng, out_shapes)
+        scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
+        _check(scalar, x0, checked_labels, eps, atol, rtol, rng, "")
     if order == 2:
+        cotangent = _random_like(rng, out_shapes)
+        scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
         u = _random_like(rng, x0)
         second = lambda diff: _vdot(u, jax.grad(scalar)(diff))  # noqa: E731
-        _check(second, x0, [labels[i] for i in checked], eps, atol, rtol, rng, " of the backward (order=2)")
+        _check(second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)")
     return True
+
+
+# Up to this many entries (inputs x outputs, real and imaginary parts counted apart), the whole
+# Jacobian is compared element by element, as PyTorch's gradcheck does; above, each input leaf
+# is checked along a random direction (PyTorch's fast mode).
+JACOBIAN_ENTRIES = 1 << 22
+_CHUNK = 1 << 20  # entries computed per vmapped batch
+
+
+def _check_jacobian(call, x0, labels, eps, atol, rtol) -> None:
+    """Every element of the Jacobian of the real view of ``call``: backward's against central
+    finite differences. Complex inputs and outputs are split into real and imaginary parts,
+    so JAX's convention for complex gradients is checked as a real Jacobian."""
+    parts = [(k, part) for k, x in enumerate(x0) for part in (("real", "imag") if jnp.iscomplexobj(x) else (None,))]
+    r0 = [jnp.real(x0[k]) if part == "real" else jnp.imag(x0[k]) if part == "imag" else x0[k] for k, part in parts]
+
+    def as_complex(real_parts: list[Any]) -> list[Any]:
+        leaves: list[Any] = [None] * len(x0)
+        for (k, part), value in zip(parts, real_parts):
+            leaves[k] = value if part is None else (value if part == "real" else leaves[k] + 1j * value)
+        return leaves
+
+    def flat(real_parts: list[Any]) -> Any:
+        outs = call(as_complex(real_parts))
+        pieces = [p for o in outs for p in ((jnp.real(o), jnp.imag(o)) if jnp.iscomplexobj(o) else (o,))]
+        return jnp.concatenate([jnp.ravel(p).astype(jnp.float64) for p in pieces])
+
+    size = int(jax.eval_shape(flat, r0).shape[0])
+    _, pullback = jax.vjp(flat, r0)
+    analytical = _batched(lambda e: pullback(e)[0], np.eye(size), max(1, _CHUNK // max(1, sum(map(np.size, r0)))))
+    for j, ((k, part), r) in enumerate(zip(parts, r0)):
+        n = int(np.size(r))
+
+        def column(d, j=j):
+            shifted = lambda step: [x + step * d if i == j else x for i, x in enumerate(r0)]  # noqa: E731
+            return (flat(shifted(eps)) - flat(shifted(-eps))) / (2 * eps)
+
+        basis = np.eye(n, dtype=np.float64).reshape((n, *np.shape(r)))
+        numerical = _batched(column, basis, max(1, _CHUNK // max(1, size)))  # (n, size)
+        ana = np.asarray(analytical[j]).reshape(size, n).T  # (n, size)
+        _compare(labels[k], part, np.shape(r), ana, np.asarray(numerical), atol, rtol)
+
+
+def _batched(f, rows: np.ndarray, chunk: int) -> Any:
+    """``vmap(f)`` over the rows, ``chunk`` rows at a time, concatenated (a pytree of arrays)."""
+    pieces = [jax.vmap(f)(jnp.asarray(rows[i : i + chunk])) for i in range(0, len(rows), chunk)]
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *pieces)
+
+
+def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: np.ndarray, atol, rtol) -> None:
+    """Raise naming the worst disagreement between two (input element, output) Jacobian blocks."""
+    finite = np.isfinite(analytical) & np.isfinite(numerical)
+    excess = np.where(finite, np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical)), np.inf)
+    if not np.any(excess > 0):
+        return
+    element, output = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    index = tuple(int(i) for i in np.unravel_index(element, shape)) if shape else ()
+    a, n = analytical[element, output], numerical[element, output]
+    where = "" if part is None else f" of its {part} part"
+    raise error(
+        GradcheckError,
+        GRADCHECK,
+        f"the gradient for '{label}' disagrees with finite differences; worst at index {index}{where} (output "
+        f"element {int(output)}): analytical {a:.6g}, numerical {n:.6g} (|difference| {abs(a - n):.3g} > atol "
+        f"{atol:g} + rtol {rtol:g} * |numerical|); {int(np.sum(np.any(excess > 0, axis=1)))} of "
+        f"{excess.shape[0]} elements disagree",
+    )
 
 
 def _check(scalar, x0, labels, eps, atol, rtol, rng, what) -> None:
@@ -131,7 +208,9 @@ def _check(scalar, x0, labels, eps, atol, rtol, rng, what) -> None:
         direction = _random_like(rng, leaf)
         numerical = float(_central(scalar, x0, k, direction, eps))
         expected = float(jnp.sum(analytical[k] * direction).real)  # JAX's convention: Re(sum(g * d))
-        if abs(expected - numerical) > atol + rtol * abs(numerical):
+        if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
+            numerical
+        ):
             _locate(scalar, x0, k, analytical[k], label, eps, atol, rtol, what)
 
 
@@ -144,7 +223,8 @@ def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what) -> None:
     if jnp.iscomplexobj(x0[k]):  # Re(g * 1) and Re(g * i) give the real and (minus) imaginary parts
         numerical = numerical - 1j * along(1j * basis).reshape(shape)
     analytical, numerical = np.asarray(analytical), np.asarray(numerical)
-    excess = np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical))
+    finite = np.isfinite(analytical) & np.isfinite(numerical)
+    excess = np.where(finite, np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical)), np.inf)
     worst = np.unravel_index(int(np.argmax(excess)), np.shape(excess)) if np.ndim(excess) else ()
     index = tuple(int(i) for i in worst)
     raise error(
@@ -178,13 +258,27 @@ def _as_checked(leaf: Any) -> Any:
     return leaf
 
 
-def _differentiable_outputs(fn, args, kwargs, leaves, treedef) -> Any:
-    """For a jaxfn function, which outputs carry a gradient (marked ones do not); else None."""
+def _outputs_to_check(fn, args, kwargs, leaves, treedef) -> Callable[[Any], list[Any]]:
+    """From an output, the arrays to check: floating or complex, and (for a jaxfn function) not
+    marked non-differentiable. Python values and integer arrays are left out."""
     target = _jaxfn_function(fn)
-    if target is None:
-        return None
-    call_args, call_kwargs = tree_unflatten(treedef, leaves)
-    return target.output_differentiable(*call_args, **call_kwargs)
+    flags = None
+    if target is not None:
+        call_args, call_kwargs = tree_unflatten(treedef, leaves)
+        flags = [
+            flag is True for flag in jax.tree_util.tree_leaves(target.output_differentiable(*call_args, **call_kwargs))
+        ]
+
+    def select(out: Any) -> list[Any]:
+        out_leaves = jax.tree_util.tree_leaves(out)
+        keep = flags if flags is not None and len(flags) == len(out_leaves) else [True] * len(out_leaves)
+        return [leaf for leaf, k in zip(out_leaves, keep) if k and _is_inexact_array(leaf)]
+
+    return select
+
+
+def _is_inexact_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray)) and dtype_kind(value.dtype) == DIFF
 
 
 def _random_like(rng: np.random.Generator, tree: Any, differentiable: Any = None) -> Any:

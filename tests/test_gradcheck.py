@@ -228,3 +228,41 @@ def test_inside_enable_x64_contexts(inner):
         assert jax.config.jax_enable_x64 is (not inner)  # the global setting is untouched
     finally:
         jax.config.update("jax_enable_x64", True)
+
+
+def _half_square_forward(ctx, x):
+    ctx.save_for_backward(x)
+    return x**2 / 2
+
+
+@pytest.mark.parametrize(
+    "backward, x",
+    [
+        (lambda ctx, g: g * jnp.nan, jnp.array([1.0, 2.0])),  # a NaN gradient
+        (lambda ctx, g: g * ctx.saved_tensors[0] * jnp.array([2.0, 1.0]), jnp.array([1e-3, 1e3])),  # swamped
+    ],
+    ids=["nan gradient", "small element swamped by a large one"],
+)
+def test_every_element_is_checked_and_nan_never_passes(backward, x):
+    f = jaxfn.autograd_function(_half_square_forward, backward, name="half_square")
+    with pytest.raises(jaxfn.GradcheckError, match=r"for 'x' disagrees.*worst at index \(0,\)"):
+        jaxfn.gradcheck(f, x)
+
+
+def test_non_finite_finite_differences_never_pass():
+    f = jaxfn.autograd_function(lambda ctx, x: jnp.sqrt(x), lambda ctx, g: g * 123.0, name="sqrt")
+    assert not jaxfn.gradcheck(f, jnp.array([0.0, 1.0]), raise_exception=False)
+
+
+def test_an_output_with_small_values_is_checked_on_its_own():
+    def backward(ctx, g_big, g_small):
+        return g_big * 1e3 + g_small * 2e-3  # the small output's derivative is wrong (1e-3)
+
+    f = jaxfn.autograd_function(lambda ctx, x: (x * 1e3, x * 1e-3), backward, name="two_scales")
+    with pytest.raises(jaxfn.GradcheckError, match=r"for 'x' disagrees.*\(output element 1\)"):
+        jaxfn.gradcheck(f, jnp.array([1.0]), atol=1e-7)
+
+
+def test_python_values_in_the_output_are_left_out():
+    f = jaxfn.autograd_function(lambda ctx, x: (x * 2, "label", object()), lambda ctx, g, *_: g * 2, name="tagged")
+    assert jaxfn.gradcheck(f, jnp.array([1.0, 2.0]))
