@@ -127,8 +127,10 @@ def _spread(
             problems.append(
                 (
                     AutogradFunctionTypeError,
-                    f"backward returned {describe(g)} for '{name}', "
-                    f"but that part of '{name}' is a pytree with {n} leaves; return a gradient of the same structure.",
+                    f"backward returned {describe(g)} for '{name}', but that part of '{name}' is "
+                    f"{type_name(ids)}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of the "
+                    "same structure, or pass the array inside it to the function instead (a Flax nnx.Param p: "
+                    "p[...])",
                 )
             )
         elif args.kinds[ids] == STATIC:
