@@ -55,3 +55,9 @@ def test_imports_go_only_downward_and_never_at_run_time():
 def test_modules_stay_small():
     for path in PACKAGE.glob("*.py"):
         assert len(path.read_text().splitlines()) < 400, path.name
+
+
+def test_the_version_is_the_packages():
+    import importlib.metadata
+
+    assert jaxfn.__version__ == importlib.metadata.version("jaxfn")
