@@ -14,7 +14,7 @@ dtype):
 2. The first call of a key runs op by op. The second traces forward (forward's Python runs
    once, as the call's run) and evaluates the trace. The third traces it again: if the two
    traces are identical, constants included, and forward reads nothing by name from outside
-   that could change (see ``_outside_reads``), the trace is compiled and used from then on.
+   that could change (see ``_purity.outside_reads``), the trace is compiled and used from then on.
    Otherwise (a forward that draws from ``np.random``, reads a mutable object, or needs
    concrete values) the key runs op by op for good.
 3. Before each compiled call, the values forward reads by name are checked to be the same
@@ -29,22 +29,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
-import struct
-import sys
 import threading
-import types
 import weakref
 from typing import Any
 
 import jax
 import numpy as np
-from jax._src import config as _config
 from jax._src import core as _jax_core
 from jax.extend.core import jaxpr_as_fun
 
-from . import _rule
-from ._arguments import STATIC, Arguments
+from . import _purity, _rule
+from ._arguments import Arguments
 from ._errors import AutogradFunctionError
 
 MAX_ENTRIES = 128
@@ -85,10 +80,7 @@ class _Compiled:
         self.single = info.single_array
 
     def still_valid(self) -> bool:
-        for where, name, value in self.reads:
-            if _lookup(where, name) is not value:
-                return False
-        return True
+        return _purity.unchanged(self.reads)
 
     def __call__(self, arrays: Any) -> Any:
         out = self.run(*arrays)
@@ -124,14 +116,14 @@ class EagerPath:
         for a in args:
             if type(a) is not _ARRAY_IMPL:
                 return MISS
-        entry = self._fast.get((definition.name, _x64(), tuple([a.aval for a in args])))
+        entry = self._fast.get((definition.name, _purity.x64(), tuple([a.aval for a in args])))
         if entry is None or not _trace_state_clean() or not entry.still_valid():
             return MISS
         return entry(args)
 
     def call(self, definition: _rule.Definition, args: Arguments) -> Any:
         """Forward's output for one eager call, op by op or compiled, as the rule above says."""
-        key = _key(definition, args)
+        key = _purity.key(definition.name, args)
         if key is None:
             return _op_by_op(definition, args)
         entry = self._get(key)
@@ -153,7 +145,7 @@ class EagerPath:
             self._put(key, _OP_BY_OP)
             return _op_by_op(definition, args)
         if type(entry) is _Traced:
-            reads = _outside_reads(definition.user_functions)
+            reads = _purity.outside_reads(definition.user_functions)
             if not _same_trace(entry, closed, info) or reads is None:
                 self._put(key, _OP_BY_OP)
             else:
@@ -217,7 +209,7 @@ def _fast_key(definition: _rule.Definition, args: Arguments) -> Any:
         return None
     if args.treedef != jax.tree_util.tree_structure(tuple(args.arrays)):
         return None
-    return definition.name, _x64(), tuple(a.aval for a in args.arrays)
+    return definition.name, _purity.x64(), tuple(a.aval for a in args.arrays)
 
 
 def _op_by_op(definition: _rule.Definition, args: Arguments) -> Any:
@@ -252,164 +244,3 @@ def _same_value(x: Any, y: Any) -> bool:
     except Exception:  # noqa: BLE001 - not readable as NumPy (a PRNG key): only identity counts
         return x is y
     return x.dtype == y.dtype and x.shape == y.shape and bool(np.all((x == y) | ((x != x) & (y != y))))
-
-
-# -- the key ---------------------------------------------------------------------------------
-class _Uncacheable(Exception):
-    pass
-
-
-def _key(definition: _rule.Definition, args: Arguments) -> Any:
-    """The cache key of a call, or None where a static value is not an immutable value."""
-    try:
-        statics = tuple(_value_key(s) for s, kind in zip(args.statics, args.kinds) if kind == STATIC)
-        structure = _structure_key(args.treedef)
-    except _Uncacheable:
-        return None
-    arrays = tuple(a.aval if isinstance(a, jax.Array) else (a.shape, a.dtype, "numpy") for a in args.arrays)
-    return definition.name, _x64(), structure, args.kinds, statics, arrays
-
-
-def _x64() -> bool:
-    """Whether 64-bit types are on (a result's dtype depends on it): part of every key."""
-    return _config.enable_x64.value
-
-
-def _structure_key(treedef: Any) -> Any:
-    """The treedef, with the static data of custom pytree nodes keyed strictly (1 and 1.0 differ)."""
-    node_type, _ = treedef.node_data() or (None, None)
-    children = treedef.children()
-    if node_type in (tuple, list, None) and all(child.num_nodes == 1 for child in children):
-        return treedef  # a tuple or list of leaves: equality is exact
-    return treedef, _aux_key(treedef)
-
-
-def _aux_key(treedef: Any) -> Any:
-    node_type, data = treedef.node_data() or (None, None)
-    return node_type, _static_data_key(data), tuple(_aux_key(child) for child in treedef.children())
-
-
-def _static_data_key(data: Any) -> Any:
-    if isinstance(data, (tuple, list)):
-        return type(data), tuple(_static_data_key(d) for d in data)
-    return _value_key(data)
-
-
-def _value_key(value: Any) -> Any:
-    """A key that tells apart values Python calls equal (1, 1.0, True; 0.0, -0.0)."""
-    kind = type(value)
-    if value is None or kind in (int, bool, str, bytes):
-        return kind, value
-    if kind is float:
-        return kind, struct.pack("<d", value)  # every bit: -0.0 and -nan too
-    if kind is complex:
-        return kind, struct.pack("<dd", value.real, value.imag)
-    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
-        return kind, value.dtype.str, value.tobytes()
-    if isinstance(value, np.dtype):
-        return np.dtype, value.str, value.name
-    if isinstance(value, enum.Enum):
-        return kind, value.name
-    if isinstance(value, type):
-        return type, value
-    raise _Uncacheable
-
-
-# -- what forward reads by name --------------------------------------------------------------
-MISSING = object()
-_SAFE_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, np.ufunc, jax.Array)
-
-
-def _outside_reads(functions: tuple[Any, ...]) -> tuple[tuple[Any, str, Any], ...] | None:
-    """The values the user's ``functions`` (forward, setup_context) read by name from their
-    globals and closures, to check before each compiled call; None if one of them is a mutable
-    object (then forward never compiles)."""
-    reads: list[tuple[Any, str, Any]] = []
-    for function in functions:
-        found = _reads_of(function)
-        if found is None:
-            return None
-        reads.extend(found)
-    return tuple(reads)
-
-
-# Names of functions with hidden state (random numbers, clocks): a forward calling one never compiles.
-_HIDDEN_STATE = {"random", "rand", "randn", "randint", "default_rng", "getrandbits", "urandom", "uuid1", "uuid4",
-                 "time", "time_ns", "perf_counter", "monotonic", "now", "today", "shuffle", "permutation"}  # fmt: skip
-# Libraries whose module attributes are functions and constants, not a user's settings.
-_LIBRARIES = {"jax", "jaxlib", "jaxfn", "numpy", "scipy", "ml_dtypes", "math", "cmath", "functools", "operator"}
-
-
-def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
-    code = getattr(forward, "__code__", None)
-    if not isinstance(forward, types.FunctionType) or code is None:
-        return None  # a bound method or callable object may read its own mutable state
-    names = _names(code)
-    if names & _HIDDEN_STATE:
-        return None
-    reads: list[tuple[Any, str, Any]] = []
-    if not _add_reads(forward.__globals__, sorted(names), names, reads, depth=2):
-        return None
-    for cell in forward.__closure__ or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth=2):
-            return None
-        reads.append((cell, "", value))
-    return tuple(reads)
-
-
-def _add_reads(namespace: Any, candidates: list[str], names: set[str], reads: list, depth: int) -> bool:
-    """Record ``namespace[name]`` for each candidate name; False if one is a mutable object."""
-    for name in candidates:
-        value = namespace.get(name, MISSING)
-        if value is MISSING:
-            continue
-        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth):
-            return False
-        reads.append((namespace, name, value))
-    return True
-
-
-def _add_attribute_reads(value: Any, names: set[str], reads: list, depth: int) -> bool:
-    """For a user's module or class, also record the attributes forward may read from it
-    (``config.scale``, ``MyFunction.k``): they can be rebound."""
-    if depth == 0 or not isinstance(value, (types.ModuleType, type)):
-        return True
-    root = (value.__name__ if isinstance(value, types.ModuleType) else value.__module__ or "").split(".")[0]
-    if root in _LIBRARIES or root in sys.stdlib_module_names:
-        return True
-    return _add_reads(vars(value), sorted(names & set(vars(value))), names, reads, depth - 1)
-
-
-def _names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
-
-
-def _immutable(value: Any) -> bool:
-    if isinstance(value, _SAFE_TYPES) or value is None:
-        return True
-    if isinstance(value, (tuple, frozenset)):
-        return all(_immutable(v) for v in value)
-    try:
-        _value_key(value)
-        return True
-    except _Uncacheable:
-        pass
-    module = type(value).__module__ or ""
-    return module.split(".")[0] in ("jax", "jaxlib", "jaxfn") and callable(value)  # jitted and custom functions
-
-
-def _lookup(where: Any, name: str) -> Any:
-    if not isinstance(where, types.CellType):  # a module's or class's namespace
-        return where.get(name, MISSING)
-    try:
-        return where.cell_contents
-    except ValueError:
-        return MISSING

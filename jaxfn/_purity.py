@@ -1,0 +1,191 @@
+"""What an eager call's result can depend on besides its arrays, for ``_eager``'s rule.
+
+* ``key``: a call's static structure and values, keyed strictly (``1``, ``1.0`` and ``True``
+  differ; so do ``0.0`` and ``-0.0``), with the x64 mode and the arrays' types; None when a
+  static value is not an immutable value.
+* ``outside_reads``: what forward reads by name (globals, closure cells, attributes of a user's
+  module or class), to be checked unchanged (``unchanged``) before each compiled call; None when
+  one of them is a mutable object or a function with hidden state (random numbers, clocks).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+import types
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import config as _config
+
+from ._arguments import STATIC, Arguments
+
+
+class Uncacheable(Exception):
+    pass
+
+
+def key(name: str, args: Arguments) -> Any:
+    """The cache key of a call, or None where a static value is not an immutable value."""
+    try:
+        statics = tuple(value_key(s) for s, kind in zip(args.statics, args.kinds) if kind == STATIC)
+        structure = _structure_key(args.treedef)
+    except Uncacheable:
+        return None
+    arrays = tuple(a.aval if isinstance(a, jax.Array) else (a.shape, a.dtype, "numpy") for a in args.arrays)
+    return name, x64(), structure, args.kinds, statics, arrays
+
+
+def x64() -> bool:
+    """Whether 64-bit types are on (a result's dtype depends on it): part of every key."""
+    return _config.enable_x64.value
+
+
+def _structure_key(treedef: Any) -> Any:
+    """The treedef, with the static data of custom pytree nodes keyed strictly (1 and 1.0 differ)."""
+    node_type, _ = treedef.node_data() or (None, None)
+    children = treedef.children()
+    if node_type in (tuple, list, None) and all(child.num_nodes == 1 for child in children):
+        return treedef  # a tuple or list of leaves: equality is exact
+    return treedef, _aux_key(treedef)
+
+
+def _aux_key(treedef: Any) -> Any:
+    node_type, data = treedef.node_data() or (None, None)
+    return node_type, _static_data_key(data), tuple(_aux_key(child) for child in treedef.children())
+
+
+def _static_data_key(data: Any) -> Any:
+    if isinstance(data, (tuple, list)):
+        return type(data), tuple(_static_data_key(d) for d in data)
+    return value_key(data)
+
+
+def value_key(value: Any) -> Any:
+    """A key that tells apart values Python calls equal (1, 1.0, True; 0.0, -0.0)."""
+    kind = type(value)
+    if value is None or kind in (int, bool, str, bytes):
+        return kind, value
+    if kind is float:
+        return kind, struct.pack("<d", value)  # every bit: -0.0 and -nan too
+    if kind is complex:
+        return kind, struct.pack("<dd", value.real, value.imag)
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return kind, value.dtype.str, value.tobytes()
+    if isinstance(value, np.dtype):
+        return np.dtype, value.str, value.name
+    if isinstance(value, enum.Enum):
+        return kind, value.name
+    if isinstance(value, type):
+        return type, value
+    raise Uncacheable
+
+
+# -- what forward reads by name --------------------------------------------------------------
+MISSING = object()
+_SAFE_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, np.ufunc, jax.Array)
+
+
+def outside_reads(functions: tuple[Any, ...]) -> tuple[tuple[Any, str, Any], ...] | None:
+    """The values the user's ``functions`` (forward, setup_context) read by name from their
+    globals and closures, to check before each compiled call; None if one of them is a mutable
+    object (then forward never compiles)."""
+    reads: list[tuple[Any, str, Any]] = []
+    for function in functions:
+        found = _reads_of(function)
+        if found is None:
+            return None
+        reads.extend(found)
+    return tuple(reads)
+
+
+# Names of functions with hidden state (random numbers, clocks): a forward calling one never compiles.
+_HIDDEN_STATE = {"random", "rand", "randn", "randint", "default_rng", "getrandbits", "urandom", "uuid1", "uuid4",
+                 "time", "time_ns", "perf_counter", "monotonic", "now", "today", "shuffle", "permutation"}  # fmt: skip
+# Libraries whose module attributes are functions and constants, not a user's settings.
+_LIBRARIES = {"jax", "jaxlib", "jaxfn", "numpy", "scipy", "ml_dtypes", "math", "cmath", "functools", "operator"}
+
+
+def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
+    code = getattr(forward, "__code__", None)
+    if not isinstance(forward, types.FunctionType) or code is None:
+        return None  # a bound method or callable object may read its own mutable state
+    names = _names(code)
+    if names & _HIDDEN_STATE:
+        return None
+    reads: list[tuple[Any, str, Any]] = []
+    if not _add_reads(forward.__globals__, sorted(names), names, reads, depth=2):
+        return None
+    for cell in forward.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth=2):
+            return None
+        reads.append((cell, "", value))
+    return tuple(reads)
+
+
+def _add_reads(namespace: Any, candidates: list[str], names: set[str], reads: list, depth: int) -> bool:
+    """Record ``namespace[name]`` for each candidate name; False if one is a mutable object."""
+    for name in candidates:
+        value = namespace.get(name, MISSING)
+        if value is MISSING:
+            continue
+        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth):
+            return False
+        reads.append((namespace, name, value))
+    return True
+
+
+def _add_attribute_reads(value: Any, names: set[str], reads: list, depth: int) -> bool:
+    """For a user's module or class, also record the attributes forward may read from it
+    (``config.scale``, ``MyFunction.k``): they can be rebound."""
+    if depth == 0 or not isinstance(value, (types.ModuleType, type)):
+        return True
+    root = (value.__name__ if isinstance(value, types.ModuleType) else value.__module__ or "").split(".")[0]
+    if root in _LIBRARIES or root in sys.stdlib_module_names:
+        return True
+    return _add_reads(vars(value), sorted(names & set(vars(value))), names, reads, depth - 1)
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, _SAFE_TYPES) or value is None:
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(v) for v in value)
+    try:
+        value_key(value)
+        return True
+    except Uncacheable:
+        pass
+    module = type(value).__module__ or ""
+    return module.split(".")[0] in ("jax", "jaxlib", "jaxfn") and callable(value)  # jitted and custom functions
+
+
+def lookup(where: Any, name: str) -> Any:
+    if not isinstance(where, types.CellType):  # a module's or class's namespace
+        return where.get(name, MISSING)
+    try:
+        return where.cell_contents
+    except ValueError:
+        return MISSING
+
+
+def unchanged(reads: tuple[tuple[Any, str, Any], ...]) -> bool:
+    """Whether every value recorded by ``outside_reads`` is still the very same object."""
+    for where, name, value in reads:
+        if lookup(where, name) is not value:
+            return False
+    return True
