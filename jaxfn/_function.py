@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -133,6 +134,15 @@ class AutogradFunction:
         return infos[-1].rebuild([next(flags) for _ in infos[-1].avals])
 
 
+def _refused_by_hijax(err: Exception) -> bool:
+    """With jax_custom_vjp3 on, JAX's custom_vjp refuses forward mode with a bare
+    NotImplementedError from its ``jvp``/``lin`` methods (jax/_src/hijax.py)."""
+    if not isinstance(err, NotImplementedError):
+        return False
+    frames = traceback.extract_tb(err.__traceback__)
+    return any(f.filename.endswith("hijax.py") and f.name in ("jvp", "lin", "linearized") for f in frames)
+
+
 def _closes_over_differentiated(function: Any) -> bool:
     """Whether ``function`` closes over a value that JAX is differentiating (a JVP tracer)."""
     cells = getattr(function, "__closure__", None) or ()
@@ -160,7 +170,7 @@ def _rebuild(name: str, forward_mode: bool, forward: Any, backward: Any, *rest: 
 def _explain(err: Exception) -> str | None:
     """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
     text = str(err)
-    if _JVP_REFUSAL in text:
+    if _JVP_REFUSAL in text or _refused_by_hijax(err):
         return _FORWARD_MODE_HELP
     if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
         return _CLOSURE_HELP

@@ -62,7 +62,7 @@ _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_ca
           "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr", "custom_lin": None}  # fmt: skip
 # Functions with their own derivative rules: proven linear by their primal computation, and
 # transposed through it too (``transposable``), never through their custom rule.
-_CUSTOM = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
+_CUSTOM = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "call_hi_primitive"}
 
 
 def check(closed_jaxpr: Any, output_names: list[str]) -> None:
@@ -120,7 +120,7 @@ def _rule(eqn: Any, states: list[str], in_body: bool) -> list[str]:
                 "jaxfn can't transpose around that rule; call it outside the loop or branch",
             )
         )
-    if name in _CALLS:
+    if name in _CALLS or name == "call_hi_primitive":
         return _call(eqn, states, in_body)
     if name == "cond":
         return _cond(eqn, states)
@@ -175,9 +175,17 @@ def _fills_with_nonzero(eqn: Any) -> bool:
     return fill is None or fill != 0  # None means NaN for inexact dtypes
 
 
+def _inner(eqn: Any) -> Any:
+    """The jaxpr a call-like equation runs: its own parameter, or (jax_custom_vjp3's
+    ``call_hi_primitive``) the primal function its rule object traced."""
+    if eqn.primitive.name == "call_hi_primitive":
+        return getattr(getattr(eqn.params.get("_prim"), "traced", None), "jaxpr", None)
+    param = _CALLS.get(eqn.primitive.name)
+    return eqn.params.get(param) if param else None
+
+
 def _call(eqn: Any, states: list[str], in_body: bool) -> list[str]:
-    param = _CALLS[eqn.primitive.name]
-    inner = eqn.params.get(param) if param else None
+    inner = _inner(eqn)
     if inner is None:
         raise NotLinear(_message(eqn, "is a call jaxfn can't look inside"))
     jaxpr, consts = (inner.jaxpr, inner.consts) if hasattr(inner, "consts") else (inner, [])
@@ -262,9 +270,8 @@ def _evaluate(jaxpr: Any, consts: Any, args: Any) -> list[Any]:
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
         values = [read(v) for v in eqn.invars]
-        param = _CALLS.get(eqn.primitive.name)
-        if param is not None and eqn.params.get(param) is not None:
-            inner = eqn.params[param]
+        inner = _inner(eqn)
+        if inner is not None:
             inner_jaxpr, inner_consts = (inner.jaxpr, inner.consts) if hasattr(inner, "consts") else (inner, [])
             outs = _evaluate(inner_jaxpr, inner_consts, values)
         else:

@@ -71,7 +71,8 @@ def test_static_arguments_stay_python_values_under_jit():
     x = jnp.array([0.3, 0.7])
     got = jax.jit(jax.grad(lambda x: f(x, 3, "tag", jnp.sin).sum()))(x)
     np.testing.assert_allclose(got, jax.grad(lambda x: (jnp.sin(x) ** 3).sum())(x), rtol=1e-12)
-    assert seen == [(int, "tag", jnp.sin), (int, "backward", None)]
+    assert set(seen) == {(int, "tag", jnp.sin), (int, "backward", None)}  # jax_custom_vjp3 traces forward twice
+    assert seen[-1] == (int, "backward", None)
 
 
 def test_static_arguments_are_never_differentiated():

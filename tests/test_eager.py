@@ -137,8 +137,12 @@ def test_constant_arguments_inside_jit_do_not_use_the_eager_path():
         return f(jnp.ones(2))  # constant arguments, but forward reads the traced y
 
     jitted = jax.jit(outer)
-    for y in [2.0, 3.0, 4.0]:
-        np.testing.assert_allclose(jitted(y), [y, y])
+    if jax.config.jax_custom_vjp3:  # JAX's new custom_vjp refuses any closed-over tracer (README, Known limits)
+        with pytest.raises(jaxfn.AutogradFunctionError, match=r"'times_y': forward or backward reads a value"):
+            jitted(2.0)
+    else:
+        for y in [2.0, 3.0, 4.0]:
+            np.testing.assert_allclose(jitted(y), [y, y])
     for transform in (jax.grad, lambda f: jax.jit(jax.grad(f))):
         with pytest.raises(jaxfn.AutogradFunctionError, match=r"'times_y': forward or backward reads a value"):
             transform(lambda y: outer(y).sum())(3.0)

@@ -158,7 +158,7 @@ def test_single_array_for_pytree_parameter():
     f = jaxfn.autograd_function(lambda ctx, p: p["a"] * p["b"], lambda ctx, g: {"p": g}, name="f")
     _raises(
         TypeError,
-        r"returned an array of shape \(3,\) and dtype float64 for 'p', but that part of 'p' is a "
+        r"returned an array of shape \(3,\) and dtype float64 for 'p', but that part of 'p' is a dict, a "
         r"pytree with 2 leaves",
         lambda: jax.grad(lambda p: f(p).sum())({"a": W, "b": W}),
     )
@@ -187,7 +187,7 @@ def test_default_mode_forward_error_names_function_and_fix():
     f = jaxfn.autograd_function(lambda ctx, x: jnp.sin(x), lambda ctx, g: g, name="my_sin")
     for transform in (lambda: jax.jvp(f, (W,), (W,)), lambda: jax.jacfwd(f)(W)):
         err = _raises(TypeError, r"'my_sin': it was differentiated in forward mode.*forward_mode=True", transform)
-        assert isinstance(err.__cause__, TypeError)
+        assert isinstance(err.__cause__, (TypeError, NotImplementedError))  # the latter: jax_custom_vjp3
 
 
 def test_user_exceptions_pass_through_untouched():

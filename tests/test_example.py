@@ -1,20 +1,37 @@
-"""examples/two_layer_net.py, run as a user runs it (subprocesses, 1 and 8 CPU devices)."""
+"""examples/two_layer_net.py, run as a user runs it (subprocesses, 1, 4 and 8 CPU devices).
 
+Several processes: tests/test_multiprocess.py.
+"""
+
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "two_layer_net.py"
 
 
+CACHE = None  # set by the compilation_cache fixture
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """One JAX compilation cache for this module's runs: the random data compile once, not per run."""
+    global CACHE
+    CACHE = str(tmp_path_factory.mktemp("jax-cache"))
+
+
 def run(*args, devices=1, timeout=300):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": CACHE}
     env.pop("JAX_ENABLE_X64", None)
+    for name in [k for k in env if k.startswith(("SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "KUBERNETES_"))]:
+        del env[name]  # one process: the outer environment must not make the script join a multi-process run
     if devices > 1:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return subprocess.run(
@@ -26,6 +43,7 @@ def losses(stdout):
     return {int(s): float(v) for s, v in re.findall(r"^Step: (\d+) : (\S+)$", stdout, re.M)}
 
 
+@pytest.mark.slow
 def test_few_steps_on_1_and_8_devices_give_the_same_falling_loss():
     one = run("--steps", "30", "--print-every", "10")
     eight = run("--steps", "30", "--print-every", "10", devices=8)
@@ -38,8 +56,12 @@ def test_few_steps_on_1_and_8_devices_give_the_same_falling_loss():
     assert b[30] == pytest.approx(a[30], rel=1e-2)
     assert "on 1 cpu device(s)" in one.stdout and "on 8 cpu device(s) (data parallel" in eight.stdout
     assert re.search(r"compile [\d.]+ s, [\d,]+ steps/s, final loss", one.stdout)
+    for result in (one, eight):
+        assert result.stdout.splitlines()[0] == "Matmul precision: highest (full float32)"
+        assert "Processes:" not in result.stdout  # no cluster here: one process
 
 
+@pytest.mark.slow
 def test_default_run_falls_more_than_8_orders_of_magnitude():
     result = run()
     assert result.returncode == 0, result.stderr
@@ -47,14 +69,91 @@ def test_default_run_falls_more_than_8_orders_of_magnitude():
     assert list(got) == [1, 100, 200, 300, 400, 500]
     assert got[1] > 1e6
     assert got[500] < got[1] * 1e-8
+    assert result.stdout.count("Done: 500 steps") == 1
 
 
+@pytest.mark.slow
+def test_shard_map_step_gives_the_losses_of_the_jit_step():
+    jit = run("--steps", "20", "--print-every", "1", devices=4)
+    shard_map = run("--steps", "20", "--print-every", "1", "--spmd", "shard_map", devices=4)
+    assert jit.returncode == 0, jit.stderr
+    assert shard_map.returncode == 0, shard_map.stderr
+    a, b = losses(jit.stdout), losses(shard_map.stdout)
+    assert list(a) == list(range(1, 21)) == list(b)
+    assert a[20] < a[1] / 50
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5), step
+    assert "on 4 cpu device(s) (data parallel, batch sharded, shard_map per device)" in shard_map.stdout
+    assert "on 4 cpu device(s) (data parallel, batch sharded, sharded jit)" in jit.stdout
+
+
+@pytest.mark.slow
+def test_precision_default_is_accepted_and_said():
+    result = run("--steps", "2", "--precision", "default")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "Matmul precision: default (the backend's choice; TF32 on NVIDIA GPUs)"
+    assert "Done: 2 steps" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The script as a module, in this process."""
+    spec = importlib.util.spec_from_file_location("two_layer_net", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("spmd", ["jit", "shard_map"])
+@pytest.mark.parametrize("precision, operand_precision", [("highest", 5), ("default", 0)])
+def test_precision_reaches_every_matmul_of_the_compiled_step(example, spmd, precision, operand_precision):
+    args = example.parse_args(["--batch", "8", "--d-in", "6", "--hidden", "5", "--d-out", "3"])
+    args.precision, args.spmd = precision, spmd
+    mesh = example.data_parallel_mesh(args.batch)
+    hlo = example.compile_training(args, mesh, example.init(args, mesh), chunk=4).as_text()
+    dots = re.findall(r"= \S+ dot\(.*", hlo)
+    assert len(dots) == 5  # x @ w1, h @ w2; backward: the gradients of w2, h and w1 (not of x)
+    assert sum("operand_precision={highest,highest}" in d for d in dots) == operand_precision
+    assert jax.config.jax_default_matmul_precision is None  # the option does not leak
+
+
+@pytest.mark.slow
+def test_a_loss_that_stops_being_finite_stops_the_run():
+    result = run("--steps", "30", "--print-every", "10", "--lr", "1")
+    assert result.returncode == 1
+    assert "Done:" not in result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert re.fullmatch(
+        r"two_layer_net.py: error: the loss became (inf|nan) at step \d+: the training diverged with learning rate 1 "
+        r"and batch 64; use a smaller --lr \(the loss is summed over the batch, so a larger batch needs a "
+        r"proportionally smaller learning rate\)",
+        line,
+    )
+    step = int(re.search(r"at step (\d+)", line)[1])
+    assert 1 < step <= 10 and list(losses(result.stdout)) == [1]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--steps", "-3"], "argument --steps: must be a positive integer, got -3"),
         (["--hidden", "0"], "argument --hidden: must be a positive integer, got 0"),
         (["--lr", "-1"], "argument --lr: must be a positive number, got -1"),
+        (["--coordinator", "10.0.0.1"], "argument --coordinator: must be HOST:PORT, got '10.0.0.1'"),
+        (
+            ["--coordinator", "127.0.0.1:1234", "--num-processes", "2"],
+            "--coordinator, --num-processes and --process-id go together: give all three or none",
+        ),
+        (
+            ["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"],
+            "--process-id 2 must be below --num-processes 2",
+        ),
+        (
+            ["--local-processes", "2", "--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "0"],
+            "--local-processes starts its own processes: leave out --coordinator",
+        ),
+        (["--timeout", "0"], "argument --timeout: must be a positive integer, got 0"),
     ],
 )
 def test_bad_arguments_get_one_line_and_exit_2(args, message):
@@ -63,6 +162,7 @@ def test_bad_arguments_get_one_line_and_exit_2(args, message):
     assert result.stderr.strip().splitlines() == [f"two_layer_net.py: error: {message}"]
 
 
+@pytest.mark.slow
 def test_batch_that_does_not_split_across_devices():
     result = run("--batch", "63", "--steps", "2", devices=8)
     assert result.returncode == 2
@@ -71,6 +171,7 @@ def test_batch_that_does_not_split_across_devices():
     ]
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "loss.png"
@@ -79,8 +180,12 @@ def test_plot_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_help():
     result = run("--help")
     assert result.returncode == 0
-    for flag in ("--steps", "--lr", "--batch", "--d-in", "--hidden", "--d-out", "--seed", "--print-every", "--plot"):
+    flags = ["--steps", "--lr", "--batch", "--d-in", "--hidden", "--d-out", "--seed", "--print-every", "--plot"]
+    flags += ["--spmd", "--precision", "--coordinator", "--num-processes", "--process-id", "--local-processes"]
+    flags += ["--single-process", "--timeout"]
+    for flag in flags:
         assert flag in result.stdout
