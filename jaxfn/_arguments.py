@@ -43,7 +43,7 @@ def dtype_kind(dtype: Any) -> str:
 
 
 def _classify(dtype: Any) -> str:
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # typed PRNG keys
+    if jnp.issubdtype(dtype, jax.dtypes.extended):  # typed PRNG keys
         return ARRAY
     if jnp.issubdtype(dtype, jnp.inexact):  # JAX's lattice knows the ml_dtypes floats
         return DIFF

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+from jax.core import Tracer
 from jax.tree_util import tree_flatten_with_path
 
 from ._errors import (
@@ -303,7 +304,7 @@ _OWN_NAMES = frozenset(name for name in dir(Context) if not name.startswith("__"
 
 def _holds_tracer(value: Any, depth: int = 3) -> bool:
     """Whether a plain Python object holds a JAX tracer in its attributes or containers."""
-    if isinstance(value, jax.core.Tracer):
+    if isinstance(value, Tracer):
         return True
     if depth == 0 or isinstance(value, _PLAIN):
         return False

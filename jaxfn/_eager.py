@@ -36,6 +36,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax._src import core as _jax_core
+from jax._src.array import ArrayImpl as _ARRAY_IMPL  # concrete arrays' class, named without starting a backend
+from jax.core import Tracer
 from jax.extend.core import jaxpr_as_fun
 
 from . import _purity, _rule
@@ -47,13 +49,12 @@ MAX_ENTRIES = 128
 
 # The cheapest test of "no JAX transformation is active"; JAX has no public API for it.
 _trace_state_clean = _jax_core.trace_state_clean
-_ARRAY_IMPL = type(jax.numpy.zeros(()))  # the class of concrete JAX arrays
 MISS = object()
 
 
 def outside_traces(arrays: tuple[Any, ...]) -> bool:
     """Whether no JAX transformation is active and no array is a tracer."""
-    return _trace_state_clean() and not any(isinstance(a, jax.core.Tracer) for a in arrays)
+    return _trace_state_clean() and not any(isinstance(a, Tracer) for a in arrays)
 
 
 class _OpByOp:

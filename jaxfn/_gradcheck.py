@@ -70,19 +70,12 @@ def gradcheck(
     if order not in (1, 2):
         raise error(AutogradFunctionValueError, GRADCHECK, f"order must be 1 or 2, but got {order!r}")
     try:
-        with _enable_x64(True):  # JAX's context manager: restores whatever setting (or context) was in force
+        with jax.enable_x64(True):  # JAX's context manager: restores whatever setting (or context) was in force
             return _gradcheck(fn, args, kwargs, eps, atol, rtol, order)
     except GradcheckError:
         if raise_exception:
             raise
         return False
-
-
-def _enable_x64(value: bool) -> Any:
-    manager = getattr(jax, "enable_x64", None)  # public since jax 0.7; experimental before
-    if manager is None:
-        from jax.experimental import enable_x64 as manager
-    return manager(value)
 
 
 def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import _arguments, _gradients, _rule
@@ -138,7 +139,7 @@ def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
 
 
 def _numpy_dtype(dtype: Any) -> Any:
-    return np.dtype(dtype) if not jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.uint32
+    return np.dtype(dtype) if not jnp.issubdtype(dtype, jax.dtypes.extended) else np.uint32
 
 
 def _run_host_forward(name, forward, signature, args, flags, arrays) -> tuple[Context, Any]:

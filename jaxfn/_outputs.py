@@ -121,7 +121,7 @@ def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> lis
 
 
 def _no_gradient(aval: jax.ShapeDtypeStruct, materialize: bool) -> Any:
-    if not materialize or dtype_kind(aval.dtype) == STATIC or jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
+    if not materialize or dtype_kind(aval.dtype) == STATIC or jnp.issubdtype(aval.dtype, jax.dtypes.extended):
         return None  # a PRNG key has no zeros
     return jnp.zeros(aval.shape, aval.dtype)
 
