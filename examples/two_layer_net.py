@@ -3,17 +3,32 @@
 The network, data and hyper-parameters are the tutorial's (N=64, D_in=1000, H=100, D_out=10,
 learning rate 1e-6, 500 steps), and ``my_relu`` is written exactly as the tutorial writes it.
 The training loop is compiled (``lax.fori_loop`` between prints), and when several devices are
-visible the batch is sharded across all of them (data parallel, parameters replicated):
+visible the batch is sharded across all of them (data parallel, parameters replicated), in one
+process or in several (JAX's multi-controller runtime, one shard of the batch per process):
 
     python examples/two_layer_net.py                        # the tutorial
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/two_layer_net.py
     python examples/two_layer_net.py --steps 2000 --plot loss.png
+    python examples/two_layer_net.py --spmd shard_map       # the step written per device
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python examples/two_layer_net.py --local-processes 2
+    python examples/two_layer_net.py --coordinator HOST:PORT --num-processes N --process-id I
+    srun python examples/two_layer_net.py                   # SLURM, Open MPI, cloud TPU: detected
+
+Matmuls run in full float32 (``--precision highest``) unless ``--precision default`` hands the
+choice to the backend (TF32 on NVIDIA GPUs, too coarse for this learning rate). A loss that
+stops being finite ends the run with an error and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -24,6 +39,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxfn
+
+PROG = "two_layer_net.py"
 
 
 # In the forward pass we receive an array containing the input and return an array containing
@@ -51,17 +68,39 @@ def loss_fn(params, x, y):
     return ((y_pred - y) ** 2).sum()
 
 
-def make_train(learning_rate: float, chunk: int):
-    """A compiled function running up to ``chunk`` SGD steps, returning each step's loss."""
+def make_step(learning_rate: float, spmd: str, mesh: Mesh):
+    """One SGD step ``(params, x, y) -> (params, loss)``, as sharded jit or as a per-device shard_map."""
+
+    def sgd(params, grads):
+        return jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
+
+    def global_step(params, x, y):  # the whole batch; jit's partitioner splits it across devices
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        return sgd(params, grads), loss
+
+    def per_device_step(params, x, y):  # this device's rows; params are replicated (unvarying)
+        # psum makes the loss replicated, so the gradient of the replicated params is summed
+        # across devices by JAX's transpose of the implicit pvary (check_vma keeps this honest).
+        loss, grads = jax.value_and_grad(lambda p: lax.psum(loss_fn(p, x, y), "data"))(params)
+        return sgd(params, grads), loss
+
+    if spmd == "jit":
+        return global_step
+    return jax.shard_map(
+        per_device_step, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=(P(), P()), check_vma=True
+    )
+
+
+def make_train(step, chunk: int):
+    """A compiled function running up to ``chunk`` steps, returning each step's loss."""
 
     def train(params, x, y, steps):
-        def step(i, carry):
+        def body(i, carry):
             params, losses = carry
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-            params = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
+            params, loss = step(params, x, y)
             return params, losses.at[i].set(loss)
 
-        return lax.fori_loop(0, steps, step, (params, jnp.zeros(chunk, x.dtype)))
+        return lax.fori_loop(0, steps, body, (params, jnp.zeros(chunk, x.dtype)))
 
     return jax.jit(train, donate_argnums=0)
 
@@ -73,11 +112,25 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+def host_port(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
+    return text
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -87,22 +140,156 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OneLineParser(prog="two_layer_net.py", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
     parser.add_argument("--lr", type=positive_float, default=1e-6, help="learning rate (default 1e-6)")
-    parser.add_argument("--batch", type=positive_int, default=64, help="batch size N (default 64)")
+    parser.add_argument("--batch", type=positive_int, default=64, help="global batch size N (default 64)")
     parser.add_argument("--d-in", type=positive_int, default=1000, help="input size D_in (default 1000)")
     parser.add_argument("--hidden", type=positive_int, default=100, help="hidden size H (default 100)")
     parser.add_argument("--d-out", type=positive_int, default=10, help="output size D_out (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--print-every", type=positive_int, default=100, help="print interval (default 100)")
     parser.add_argument("--plot", metavar="PATH", help="save the loss curve (log scale) as a PNG")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--spmd",
+        choices=("jit", "shard_map"),
+        default="jit",
+        help="jit: the step written for the whole batch, partitioned by jit (default); "
+        "shard_map: the step written per device with jax.shard_map (check_vma on)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("highest", "default"),
+        default="highest",
+        help="float32 matmul precision: highest = full float32 (default); "
+        "default = the backend's choice (TF32 on NVIDIA GPUs: faster, but too coarse for this learning rate)",
+    )
+    group = parser.add_argument_group("several processes (jax.distributed)")
+    group.add_argument("--coordinator", type=host_port, metavar="HOST:PORT", help="process 0's address")
+    group.add_argument("--num-processes", type=positive_int, metavar="N", help="number of processes")
+    group.add_argument("--process-id", type=non_negative_int, metavar="I", help="this process's index, 0 to N-1")
+    group.add_argument(
+        "--local-processes",
+        type=positive_int,
+        metavar="N",
+        help="start N copies of this script on this machine (CPU backend, coordinator on 127.0.0.1) and wait",
+    )
+    group.add_argument(
+        "--single-process",
+        action="store_true",
+        help="ignore a cluster environment (SLURM, Open MPI, cloud TPU) and run as one process",
+    )
+    group.add_argument(
+        "--timeout",
+        type=positive_int,
+        default=120,
+        metavar="S",
+        help="seconds to wait for the other processes to connect, and before a silent one is declared dead "
+        "(default 120)",
+    )
+    args = parser.parse_args(argv)
+    explicit = [args.coordinator, args.num_processes, args.process_id]
+    if any(v is not None for v in explicit) and None in explicit:
+        parser.error("--coordinator, --num-processes and --process-id go together: give all three or none")
+    if args.process_id is not None and args.process_id >= args.num_processes:
+        parser.error(f"--process-id {args.process_id} must be below --num-processes {args.num_processes}")
+    if args.local_processes and args.coordinator:
+        parser.error("--local-processes starts its own processes: leave out --coordinator")
+    return args
+
+
+# Joining a multi-process run ------------------------------------------------------------------
+
+
+def detected_cluster() -> str | None:
+    """The cluster environment ``jax.distributed.initialize()`` would detect, or None.
+
+    This asks JAX's own cluster classes (SLURM, Open MPI, cloud TPU, Kubernetes; mpi4py is
+    opt-in there and so here), in JAX's order, with JAX's test (``is_env_present``), so the
+    script joins a run exactly when JAX can fill in the coordinator, process count and id.
+    These classes are not public API (``jax._src.clusters``): if they move, this returns None
+    and the explicit flags still work.
+    """
+    try:
+        from jax._src.clusters import ClusterEnv
+    except ImportError:
+        return None
+    for env in ClusterEnv._cluster_types:
+        if not env.opt_in_only_method and env.is_env_present():
+            return env.__name__
+    return None
+
+
+def join_processes(args: argparse.Namespace) -> str | None:
+    """Calls ``jax.distributed.initialize`` when asked to; returns how the process joined (or None)."""
+    if args.coordinator:
+        how = "--coordinator"
+        kwargs = dict(
+            coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id
+        )
+        if is_loopback(args.coordinator.rpartition(":")[0]):  # nobody else can reach it: listen on loopback only
+            kwargs["coordinator_bind_address"] = args.coordinator
+    elif args.single_process or (how := detected_cluster()) is None:
+        return None
+    else:
+        kwargs = {}
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # cross-process collectives on CPU
+    # JAX aborts the process (a C++ fatal error) when its own timeouts expire; a timer of ours
+    # expires first while the processes gather, to say what went wrong and exit with status 1.
+    watchdog = threading.Timer(args.timeout, gave_up_joining, (how, args))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(
+            **kwargs,
+            initialization_timeout=args.timeout + 30,
+            heartbeat_timeout_seconds=args.timeout,  # a peer silent this long is dead: all processes stop
+            shutdown_timeout_seconds=args.timeout,
+        )
+    except Exception as err:
+        raise RuntimeError(f"could not join the multi-process run ({how}): {first_line(err)}") from err
+    finally:
+        watchdog.cancel()
+    return how
+
+
+def gave_up_joining(how: str, args: argparse.Namespace) -> None:
+    where = (
+        f"process {args.process_id} of {args.num_processes}, coordinator {args.coordinator}"
+        if args.coordinator
+        else how
+    )
+    sys.stderr.write(
+        f"{PROG}: error: the processes did not all join the run within --timeout {args.timeout} s ({where}); "
+        "check that every process was started with the same coordinator and process count"
+        + ("" if args.coordinator else ", or pass --single-process to ignore the cluster environment")
+        + "\n"
+    )
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+# Training ----------------------------------------------------------------------------------------
 
 
 def data_parallel_mesh(batch: int) -> Mesh:
-    """A mesh over every visible device along a 'data' axis; the batch must split evenly."""
-    devices = jax.devices()
+    """A mesh over every device of every process along 'data'; the batch must split evenly.
+
+    Devices are ordered by process, so each process's devices hold one contiguous block of rows.
+    """
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     if batch % len(devices):
         raise ValueError(
             f"--batch {batch} does not split evenly across {len(devices)} devices; use a multiple of {len(devices)}"
@@ -110,14 +297,36 @@ def data_parallel_mesh(batch: int) -> Mesh:
     return Mesh(np.array(devices), ("data",))
 
 
+def process_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> slice:
+    """The rows of a global array of ``shape`` that this process's devices hold: one block, as the
+    mesh orders devices by process (all rows for a replicated array)."""
+    rows = [index[0] for index in sharding.addressable_devices_indices_map(shape).values()]
+    return slice(min(r.start or 0 for r in rows), max(shape[0] if r.stop is None else r.stop for r in rows))
+
+
+def global_array(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """The global array ``value``, each process feeding only the rows its devices hold."""
+    return jax.make_array_from_process_local_data(sharding, value[process_rows(sharding, value.shape)], value.shape)
+
+
+def random_data(seed, n, d_in, hidden, d_out):
+    kx, ky, k1, k2 = jax.random.split(jax.random.key(seed), 4)
+    x, y = jax.random.normal(kx, (n, d_in)), jax.random.normal(ky, (n, d_out))
+    return x, y, jax.random.normal(k1, (d_in, hidden)), jax.random.normal(k2, (hidden, d_out))
+
+
 def init(args: argparse.Namespace, mesh: Mesh):
-    kx, ky, k1, k2 = jax.random.split(jax.random.key(args.seed), 4)
+    """The tutorial's random data and weights; each process feeds its rows of the batch.
+
+    Every process draws the whole (small) batch from the seed and keeps its rows, so the numbers
+    do not depend on the number of processes; a real input pipeline would read only those rows.
+    """
+    sizes = (args.batch, args.d_in, args.hidden, args.d_out)
+    # One compiled program rather than one per shape: the same numbers, bit for bit, and a faster start.
+    x, y, w1, w2 = map(np.asarray, jax.jit(random_data, static_argnums=(1, 2, 3, 4))(args.seed, *sizes))
     batch, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
-    x = jax.device_put(jax.random.normal(kx, (args.batch, args.d_in)), batch)
-    y = jax.device_put(jax.random.normal(ky, (args.batch, args.d_out)), batch)
-    w1 = jax.random.normal(k1, (args.d_in, args.hidden))
-    w2 = jax.random.normal(k2, (args.hidden, args.d_out))
-    return jax.device_put((w1, w2), replicated), x, y
+    params = (global_array(w1, replicated), global_array(w2, replicated))
+    return params, global_array(x, batch), global_array(y, batch)
 
 
 def print_steps(steps: int, every: int) -> list[int]:
@@ -125,24 +334,46 @@ def print_steps(steps: int, every: int) -> list[int]:
     return sorted({1, steps} | set(range(every, steps + 1, every)))
 
 
-def train(args: argparse.Namespace) -> dict:
+class NonFiniteLoss(Exception):
+    pass
+
+
+def check_finite(losses: np.ndarray, first_step: int, args: argparse.Namespace) -> None:
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+        step = first_step + int(bad[0])
+        raise NonFiniteLoss(
+            f"the loss became {losses[bad[0]]} at step {step}: the training diverged with learning rate "
+            f"{args.lr:g} and batch {args.batch}; use a smaller --lr (the loss is summed over the batch, "
+            f"so a larger batch needs a proportionally smaller learning rate)"
+        )
+
+
+def compile_training(args: argparse.Namespace, mesh: Mesh, example: tuple, chunk: int):
+    """The training function, compiled for ``example`` = (params, x, y) at ``--precision``."""
+    run = make_train(make_step(args.lr, args.spmd, mesh), chunk)
+    with jax.default_matmul_precision(args.precision):  # read when the matmuls are traced
+        return run.lower(*example, 1).compile()
+
+
+def train(args: argparse.Namespace, say) -> dict:
     mesh = data_parallel_mesh(args.batch)
     params, x, y = init(args, mesh)
     marks = print_steps(args.steps, args.print_every)
     chunk = max(b - a for a, b in zip([0, *marks], marks))
-    run = make_train(args.lr, chunk)
     losses: list[float] = []
     start = time.perf_counter()
-    compiled = run.lower(params, x, y, 1).compile()
+    compiled = compile_training(args, mesh, (params, x, y), chunk)
     compile_s = time.perf_counter() - start
-    start = done = time.perf_counter()
+    start = time.perf_counter()
     for previous, mark in zip([0, *marks], marks):
         params, chunk_losses = compiled(params, x, y, mark - previous)
-        chunk_losses = np.asarray(chunk_losses[: mark - previous])
+        chunk_losses = np.asarray(chunk_losses)[: mark - previous]  # replicated: every process has it
+        check_finite(chunk_losses, previous + 1, args)
         losses.extend(chunk_losses.tolist())
-        print(f"Step: {mark} : {chunk_losses[-1]:.7g}", flush=True)
+        say(f"Step: {mark} : {chunk_losses[-1]:.7g}", flush=True)
     done = time.perf_counter()
-    return dict(losses=losses, compile_s=compile_s, run_s=done - start, devices=jax.devices())
+    return dict(losses=losses, compile_s=compile_s, run_s=done - start, devices=mesh.devices.ravel().tolist())
 
 
 def plot(path: str, losses: list[float]) -> None:
@@ -152,7 +383,7 @@ def plot(path: str, losses: list[float]) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("two_layer_net.py: error: --plot needs matplotlib: pip install 'jaxfn[examples]'") from None
+        raise SystemExit(f"{PROG}: error: --plot needs matplotlib: pip install 'jaxfn[examples]'") from None
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.semilogy(np.arange(1, len(losses) + 1), losses)
     ax.set(xlabel="step", ylabel="loss (sum of squares)", title="two-layer net with jaxfn's my_relu")
@@ -162,23 +393,137 @@ def plot(path: str, losses: list[float]) -> None:
     print(f"Saved the loss curve to {path}")
 
 
+def describe(args: argparse.Namespace, devices: list, processes: int) -> str:
+    if len(devices) == 1:
+        layout = "one device"
+    else:
+        layout = "data parallel, batch sharded" + (f" over {processes} processes" if processes > 1 else "")
+        layout += ", " + ("sharded jit" if args.spmd == "jit" else "shard_map per device")
+    return f"{len(devices)} {devices[0].device_kind} device(s) ({layout})"
+
+
+def precision_line(args: argparse.Namespace) -> str:
+    meaning = "full float32" if args.precision == "highest" else "the backend's choice; TF32 on NVIDIA GPUs"
+    return f"Matmul precision: {args.precision} ({meaning})"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.local_processes:
+        return launch_local(args, argv)
     try:
-        result = train(args)
-    except ValueError as err:
-        sys.stderr.write(f"two_layer_net.py: error: {err}\n")
-        return 2
-    devices = result["devices"]
+        joined = join_processes(args)
+    except RuntimeError as err:
+        sys.stderr.write(f"{PROG}: error: {err}\n")
+        return 1
+    rank, processes = jax.process_index(), jax.process_count()
+    say = print if rank == 0 else (lambda *a, **k: None)  # process 0 alone prints
+    if joined:
+        say(f"Processes: {processes} (joined via {joined}); {jax.local_device_count()} device(s) in process 0")
+    say(precision_line(args), flush=True)
+    try:
+        result = train(args, say)
+    except (ValueError, NonFiniteLoss) as err:  # the same in every process: process 0 says it
+        if rank == 0:
+            sys.stderr.write(f"{PROG}: error: {err}\n")
+        return 2 if isinstance(err, ValueError) else 1
+    except jax.errors.JaxRuntimeError as err:
+        hint = f" (process {rank} of {processes}: has another process stopped?)" if processes > 1 else ""
+        sys.stderr.write(f"{PROG}: error: the computation failed{hint}: {first_line(err)}\n")
+        return 1
     steps_per_s = args.steps / result["run_s"]
-    print(
-        f"Done: {args.steps} steps on {len(devices)} {devices[0].device_kind} device(s) "
-        f"({'data parallel, batch sharded' if len(devices) > 1 else 'one device'}); "
+    say(
+        f"Done: {args.steps} steps on {describe(args, result['devices'], processes)}; "
         f"compile {result['compile_s']:.2f} s, {steps_per_s:,.0f} steps/s, final loss {result['losses'][-1]:.4g}"
     )
-    if args.plot:
+    if args.plot and rank == 0:
         plot(args.plot, result["losses"])
     return 0
+
+
+# The local launcher ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` / ``option=VALUE``, also spelled as argparse's abbreviations."""
+    out, skip = [], False
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        spelled = len(name) > 3 and option.startswith(name)  # --local-processes, --local, --lo
+        if skip:
+            skip = False
+        elif spelled and not eq:
+            skip = True
+        elif not spelled:
+            out.append(arg)
+    return out
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
+    """Starts ``--local-processes`` copies of this script on 127.0.0.1 and waits; one failing stops all.
+
+    Each copy bounds its own waits for the others (``--timeout``); this waits until all have
+    exited with status 0 or one has failed, and then kills the rest, so none outlives it.
+    """
+    n, port = args.local_processes, free_port()
+    base = [sys.executable, os.path.abspath(__file__), *without_option(argv, "--local-processes")]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs: list[subprocess.Popen] = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the children
+    try:
+        for i in range(n):
+            flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)]
+            procs.append(subprocess.Popen([*base, *flags], env=env))
+        while first_failure(procs) is None:
+            if all(p.returncode == 0 for p in procs):
+                return 0
+            time.sleep(0.05)
+        wait_all(procs, seconds=2.0)  # the others often fail the same way (a bad --batch): let them say so
+        i, code = first_failure(procs)
+        others = "; stopped the others" if kill_all(procs) else ""
+        sys.stderr.write(f"{PROG}: error: process {i} of {n} {describe_exit(code)}{others}\n")
+        return code if code > 0 else 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        kill_all(procs)
+
+
+def first_failure(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
+    codes = [p.poll() for p in procs]
+    return next(((i, c) for i, c in enumerate(codes) if c not in (None, 0)), None)
+
+
+def wait_all(procs: list[subprocess.Popen], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def kill_all(procs: list[subprocess.Popen]) -> bool:
+    """Kills the processes still running (SIGKILL: JAX catches SIGTERM); says whether there were any."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.kill()
+    for p in running:
+        p.wait(timeout=30)
+    return bool(running)
 
 
 if __name__ == "__main__":
