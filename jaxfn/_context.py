@@ -157,7 +157,21 @@ class Remainder:
 
 
 class Context:
-    """The ``ctx`` handed to forward and backward of one call (see ``jaxfn.autograd_function``)."""
+    """The ``ctx`` handed to forward and backward of one call (see ``jaxfn.autograd_function``).
+
+    >>> import jax, jax.numpy as jnp, jaxfn
+    >>> def forward(ctx, x, power):
+    ...     ctx.save_for_backward(x=x)            # R style; ctx.save_for_backward(x) for saved_tensors
+    ...     ctx.power = power                     # any attribute reaches backward
+    ...     return x**power
+    >>> def backward(ctx, grad_output):
+    ...     assert ctx.needs_input_grad.x and not ctx.needs_input_grad.power
+    ...     x = ctx.saved_variables.x
+    ...     return {"x": grad_output * ctx.power * x ** (ctx.power - 1)}
+    >>> power = jaxfn.autograd_function(forward, backward)
+    >>> float(jax.grad(lambda x: power(x, 3))(2.0))
+    12.0
+    """
 
     __slots__ = ("_state", "_attrs")
 

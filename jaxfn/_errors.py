@@ -19,6 +19,14 @@ class AutogradFunctionError(Exception):
     Raised as :class:`AutogradFunctionTypeError` (also a ``TypeError``) for wrong kinds and
     structures, and as :class:`AutogradFunctionValueError` (also a ``ValueError``) for wrong
     shapes and values, so ``except TypeError`` keeps working where Python would raise one.
+
+    >>> import jax, jax.numpy as jnp, jaxfn
+    >>> f = jaxfn.autograd_function(lambda ctx, x: x.sum(), lambda ctx, g: jnp.ones(3), name="f")
+    >>> try:
+    ...     jax.grad(f)(jnp.ones(2))
+    ... except jaxfn.AutogradFunctionError as err:
+    ...     print(str(err).split(' with shape')[0])
+    jaxfn: 'f': backward returned a gradient for 'x'
     """
 
 
@@ -42,7 +50,16 @@ class ContextKeyError(AutogradFunctionError, KeyError):
 
 
 class GradcheckError(AutogradFunctionError, AssertionError):
-    """``jaxfn.gradcheck`` found a gradient that disagrees with finite differences."""
+    """``jaxfn.gradcheck`` found a gradient that disagrees with finite differences.
+
+    >>> import jax.numpy as jnp, jaxfn
+    >>> wrong = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 3, name="wrong")
+    >>> try:
+    ...     jaxfn.gradcheck(wrong, jnp.ones(2))
+    ... except jaxfn.GradcheckError as err:
+    ...     print(str(err).split(';')[0])
+    jaxfn.gradcheck: the gradient for 'x' disagrees with finite differences
+    """
 
 
 GRADCHECK = "jaxfn.gradcheck"

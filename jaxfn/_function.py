@@ -37,6 +37,13 @@ class AutogradFunction:
     A call binds its arguments, then runs forward on the eager path (outside any trace) or
     through the builder of its mode: ``jax.custom_vjp`` (``_reverse_mode``), or
     ``jax.custom_jvp`` by transposing backward (``_forward_mode``).
+
+    >>> import jax, jax.numpy as jnp, jaxfn
+    >>> double = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="double")
+    >>> double
+    <jaxfn.AutogradFunction 'double'>
+    >>> print(double(jnp.ones(2)), jax.grad(lambda x: double(x).sum())(jnp.ones(2)))
+    [2. 2.] [2. 2.]
     """
 
     def __init__(
