@@ -15,6 +15,8 @@ from seeds import linear_backward, linear_forward, plain_linear_free
 
 import jaxfn
 
+pytestmark = pytest.mark.slow  # trains Equinox and Flax models
+
 IN, OUT, N, STEPS, LR = 3, 2, 64, 20, 0.05
 
 BACKWARD_CALLS = []  # needs_input_grad of each traced backward of `linear`

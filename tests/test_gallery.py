@@ -17,6 +17,8 @@ import pytest
 
 import jaxfn
 
+pytestmark = pytest.mark.slow  # compiles the gallery's programs and trains small models
+
 GALLERY = Path(__file__).resolve().parent.parent / "examples" / "gallery"
 if str(GALLERY) not in sys.path:
     sys.path.insert(0, str(GALLERY))
