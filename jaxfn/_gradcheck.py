@@ -19,11 +19,11 @@ from ._function import AutogradFunction
 def gradcheck(
     fn: Callable[..., Any],
     *args: Any,
-    eps: float = 1e-6,
-    atol: float = 1e-5,
-    rtol: float = 1e-3,
-    order: int = 1,
-    raise_exception: bool = True,
+    eps: float | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    order: int | None = None,
+    raise_exception: bool | None = None,
     **kwargs: Any,
 ) -> bool:
     """Check the gradients of ``fn`` (its custom backward) against central finite differences.
@@ -67,6 +67,10 @@ def gradcheck(
     >>> jaxfn.gradcheck(square, jnp.array([1.0, 2.0]))
     True
     """
+    options = {"eps": eps, "atol": atol, "rtol": rtol, "order": order, "raise_exception": raise_exception}
+    _refuse_ambiguous_options(fn, [name for name, value in options.items() if value is not None])
+    eps, atol, rtol = 1e-6 if eps is None else eps, 1e-5 if atol is None else atol, 1e-3 if rtol is None else rtol
+    order, raise_exception = 1 if order is None else order, True if raise_exception is None else raise_exception
     if order not in (1, 2):
         raise error(AutogradFunctionValueError, GRADCHECK, f"order must be 1 or 2, but got {order!r}")
     try:
@@ -76,6 +80,24 @@ def gradcheck(
         if raise_exception:
             raise
         return False
+
+
+def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
+    """An option given to gradcheck that is also a parameter of ``fn`` could mean either."""
+    target = _jaxfn_function(fn)
+    try:
+        signature = target._definition.signature if target is not None else inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    clash = [name for name in given if name in signature.parameters]
+    if clash:
+        raise error(
+            GradcheckError,
+            GRADCHECK,
+            f"{', '.join(map(repr, clash))} is both an option of gradcheck and a parameter of the function, so it "
+            "is ambiguous here; pass the function's value through a lambda (gradcheck(lambda x: f(x, eps=1e-5), x, "
+            "eps=1e-6))",
+        )
 
 
 def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
@@ -112,7 +134,7 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
         )
     inputs = sum(2 * np.size(x) if jnp.iscomplexobj(x) else np.size(x) for x in x0)
     outputs = sum(2 * np.prod(o.shape) if jnp.iscomplexobj(o) else np.prod(o.shape) for o in out_shapes)
-    if inputs * outputs <= JACOBIAN_ENTRIES:
+    if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
         _check_jacobian(lambda diff: select(call(diff)), x0, checked_labels, eps, atol, rtol)
     else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
         cotangent = _random_like(rng, out_shapes)
@@ -128,9 +150,11 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
 
 
 # Up to this many entries (inputs x outputs, real and imaginary parts counted apart), the whole
-# Jacobian is compared element by element, as PyTorch's gradcheck does; above, each input leaf
-# is checked along a random direction (PyTorch's fast mode).
+# Jacobian is compared element by element, as PyTorch's gradcheck does; above (or with more than
+# JACOBIAN_SIDE inputs or outputs), each input leaf is checked along a random direction
+# (PyTorch's fast mode).
 JACOBIAN_ENTRIES = 1 << 22
+JACOBIAN_SIDE = 8192  # and at most this many inputs or outputs: one VJP per output, one pair of calls per input
 _CHUNK = 1 << 20  # entries computed per vmapped batch
 
 
@@ -154,7 +178,8 @@ def _check_jacobian(call, x0, labels, eps, atol, rtol) -> None:
 
     size = int(jax.eval_shape(flat, r0).shape[0])
     _, pullback = jax.vjp(flat, r0)
-    analytical = _batched(lambda e: pullback(e)[0], np.eye(size), max(1, _CHUNK // max(1, sum(map(np.size, r0)))))
+    inputs = sum(int(np.size(r)) for r in r0)
+    analytical = _batched(lambda e: pullback(e)[0], size, (size,), _CHUNK // max(inputs, size))
     for j, ((k, part), r) in enumerate(zip(parts, r0)):
         n = int(np.size(r))
 
@@ -162,15 +187,20 @@ def _check_jacobian(call, x0, labels, eps, atol, rtol) -> None:
             shifted = lambda step: [x + step * d if i == j else x for i, x in enumerate(r0)]  # noqa: E731
             return (flat(shifted(eps)) - flat(shifted(-eps))) / (2 * eps)
 
-        basis = np.eye(n, dtype=np.float64).reshape((n, *np.shape(r)))
-        numerical = _batched(column, basis, max(1, _CHUNK // max(1, size)))  # (n, size)
+        numerical = _batched(column, n, np.shape(r), _CHUNK // max(n, size))  # (n, size)
         ana = np.asarray(analytical[j]).reshape(size, n).T  # (n, size)
         _compare(labels[k], part, np.shape(r), ana, np.asarray(numerical), atol, rtol)
 
 
-def _batched(f, rows: np.ndarray, chunk: int) -> Any:
-    """``vmap(f)`` over the rows, ``chunk`` rows at a time, concatenated (a pytree of arrays)."""
-    pieces = [jax.vmap(f)(jnp.asarray(rows[i : i + chunk])) for i in range(0, len(rows), chunk)]
+def _batched(f, n: int, shape: tuple, chunk: int) -> Any:
+    """``vmap(f)`` over the n unit vectors of ``shape`` (made ``chunk`` at a time, so memory stays
+    bounded), concatenated (a pytree of arrays)."""
+    chunk = max(1, chunk)
+    pieces = []
+    for start in range(0, n, chunk):
+        rows = np.zeros((min(chunk, n - start), n), np.float64)
+        rows[np.arange(len(rows)), np.arange(start, start + len(rows))] = 1.0
+        pieces.append(jax.vmap(f)(jnp.asarray(rows.reshape((len(rows), *shape)))))
     return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *pieces)
 
 

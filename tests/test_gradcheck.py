@@ -266,3 +266,19 @@ def test_an_output_with_small_values_is_checked_on_its_own():
 def test_python_values_in_the_output_are_left_out():
     f = jaxfn.autograd_function(lambda ctx, x: (x * 2, "label", object()), lambda ctx, g, *_: g * 2, name="tagged")
     assert jaxfn.gradcheck(f, jnp.array([1.0, 2.0]))
+
+
+def test_an_option_that_is_also_a_parameter_is_refused():
+    def forward(ctx, x, rtol=1e-6):
+        ctx.save_for_backward(x=x)
+        return jnp.sin(x) + rtol
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: {"x": g * jnp.cos(ctx.saved_variables.x)}, name="f")
+    with pytest.raises(jaxfn.GradcheckError, match=r"'rtol' is both an option of gradcheck and a parameter"):
+        jaxfn.gradcheck(f, jnp.ones(2), rtol=0.1)
+    assert jaxfn.gradcheck(f, jnp.ones(2))  # not given: no ambiguity
+
+
+def test_many_outputs_from_few_inputs_stay_bounded():
+    f = jaxfn.autograd_function(lambda ctx, x: jnp.full(200_000, x), lambda ctx, g: g.sum(), name="spread")
+    assert jaxfn.gradcheck(f, 0.5)  # 200,000 outputs: random directions, not a 200,000-row identity
