@@ -103,7 +103,10 @@ def outside_reads(functions: tuple[Any, ...]) -> tuple[tuple[Any, str, Any], ...
 
 # Names of functions with hidden state (random numbers, clocks): a forward calling one never compiles.
 _HIDDEN_STATE = {"random", "rand", "randn", "randint", "default_rng", "getrandbits", "urandom", "uuid1", "uuid4",
-                 "time", "time_ns", "perf_counter", "monotonic", "now", "today", "shuffle", "permutation"}  # fmt: skip
+                 "time", "time_ns", "perf_counter", "monotonic", "now", "today", "shuffle", "permutation",
+                 # reads jaxfn can't follow by name: through strings, namespaces or the environment
+                 "getattr", "globals", "vars", "locals", "eval", "exec", "environ", "getenv", "__dict__"}  # fmt: skip
+_DEPTH = 4  # attribute chains followed: settings.model.layer.scale
 # Libraries whose module attributes are functions and constants, not a user's settings.
 _LIBRARIES = {"jax", "jaxlib", "jaxfn", "numpy", "scipy", "ml_dtypes", "math", "cmath", "functools", "operator"}
 
@@ -116,14 +119,14 @@ def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
     if names & _HIDDEN_STATE:
         return None
     reads: list[tuple[Any, str, Any]] = []
-    if not _add_reads(forward.__globals__, sorted(names), names, reads, depth=2):
+    if not _add_reads(forward.__globals__, sorted(names), names, reads, depth=_DEPTH):
         return None
     for cell in forward.__closure__ or ():
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth=2):
+        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth=_DEPTH):
             return None
         reads.append((cell, "", value))
     return tuple(reads)
@@ -149,7 +152,22 @@ def _add_attribute_reads(value: Any, names: set[str], reads: list, depth: int) -
     root = (value.__name__ if isinstance(value, types.ModuleType) else value.__module__ or "").split(".")[0]
     if root in _LIBRARIES or root in sys.stdlib_module_names:
         return True
-    return _add_reads(vars(value), sorted(names & set(vars(value))), names, reads, depth - 1)
+    if isinstance(value, types.ModuleType):
+        return _add_reads(vars(value), sorted(names & set(vars(value))), names, reads, depth - 1)
+    attributes = _ClassAttributes(value)  # inherited ones too: rebinding a base's changes this class's
+    return _add_reads(attributes, sorted(n for n in names if hasattr(value, n)), names, reads, depth - 1)
+
+
+class _ClassAttributes:
+    """A class's attributes as ``getattr`` finds them (through its bases), with a dict's ``get``."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: type):
+        self.owner = owner
+
+    def get(self, name: str, default: Any) -> Any:
+        return getattr(self.owner, name, default)
 
 
 def _names(code: types.CodeType) -> set[str]:

@@ -339,3 +339,55 @@ def test_nan_and_negative_nan_are_different_keys():
     for _ in range(ROUNDS):
         np.testing.assert_allclose(f(jnp.ones(1), float("nan")), [1.0])
         np.testing.assert_allclose(f(jnp.ones(1), -float("nan")), [-1.0])
+
+
+class _BaseSettings:
+    k = 2.0
+
+
+class _Settings(_BaseSettings):
+    pass
+
+
+deep = types.ModuleType("user_deep_settings")
+deep.model = types.ModuleType("user_deep_settings.model")
+deep.model.layer = types.ModuleType("user_deep_settings.model.layer")
+deep.model.layer.scale = 2.0
+SCALES = {"G": 2.0}
+
+
+@pytest.mark.parametrize(
+    "forward, rebind, restore",
+    [
+        (
+            lambda ctx, x: x * _Settings.k,
+            lambda: setattr(_BaseSettings, "k", 5.0),
+            lambda: setattr(_BaseSettings, "k", 2.0),
+        ),
+        (
+            lambda ctx, x: x * deep.model.layer.scale,
+            lambda: setattr(deep.model.layer, "scale", 5.0),
+            lambda: setattr(deep.model.layer, "scale", 2.0),
+        ),
+        (
+            lambda ctx, x: x * getattr(settings, "scale"),  # noqa: B009 - the point: a read by string
+            lambda: setattr(settings, "scale", 5.0),
+            lambda: setattr(settings, "scale", 2.0),
+        ),
+        (
+            lambda ctx, x: x * globals()["SCALE"],
+            lambda: globals().__setitem__("SCALE", 5.0),
+            lambda: globals().__setitem__("SCALE", 2.0),
+        ),
+    ],
+    ids=["inherited class attribute", "attribute three deep", "getattr", "globals()"],
+)
+def test_reads_through_bases_chains_and_namespaces_follow_the_python(forward, rebind, restore):
+    f = jaxfn.autograd_function(forward, _no_backward, name="reads")
+    try:
+        for _ in range(ROUNDS):
+            np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
+        rebind()
+        np.testing.assert_allclose(f(jnp.ones(2)), [5.0, 5.0])
+    finally:
+        restore()
