@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,9 @@ _FORWARD_MODE_HELP = (
     "jaxfn.autograd_function(forward, backward, forward_mode=True) (or forward_mode = True on a "
     "jaxfn.Function) so that the same backward also gives forward mode"
 )
+
+# A jaxfn message inside the text of a JaxRuntimeError (errors raised in host callbacks).
+_HOST_ERROR = re.compile(r"jaxfn: '([^']+)': (.*?\.)(?:\n|$)", re.S)
 
 _CLOSURE_HELP = (
     "forward or backward reads a value that JAX is tracing from outside its arguments (it closes over "
@@ -98,6 +102,15 @@ class AutogradFunction:
         return (_rebuild, (self.name, self.forward_mode, *self._given))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._call(args, kwargs)
+        except jax.errors.JaxRuntimeError as err:  # a jaxfn error raised inside a host callback
+            found = _HOST_ERROR.search(str(err))
+            if found is None:
+                raise
+            raise error(AutogradFunctionTypeError, found.group(1), found.group(2)) from err
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not kwargs:
             out = self._eager.fast_call(self._definition, args)
             if out is not _eager.MISS:

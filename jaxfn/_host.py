@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 from . import _arguments, _gradients, _rule
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context
-from ._errors import AutogradFunctionTypeError, error, type_name
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
 
 _NUMBERS = (int, float, complex, bool, np.generic)
 
@@ -46,7 +47,7 @@ class _Probe:
     saved_treedef: Any  # of (positional, named values, attribute values)
     saved_names: tuple[tuple[str, ...], tuple[str, ...]]
     saved_specs: tuple[jax.ShapeDtypeStruct | None, ...]  # None: a static leaf, kept from the probe
-    saved_statics: tuple[Any, ...]
+    saved_statics: tuple[Any, ...]  # a static leaf's value; a packed Python number's type
     saved_scalars: tuple[bool, ...]  # a Python number: handed back to backward as one
     materialize: bool
     non_differentiable: tuple[int, ...]  # output leaf positions marked by the host forward
@@ -122,7 +123,8 @@ def _callback(name: str, host: Callable[..., Any], specs: Any, *arrays: Any) -> 
 
 def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
     """The shapes of what the host forward returns and saves, learnt once per signature."""
-    key = (args.treedef, args.kinds, tuple((tuple(np.shape(a)), str(a.dtype)) for a in args.arrays), tuple(flags))
+    shapes = tuple((tuple(np.shape(a)), str(a.dtype)) for a in args.arrays)
+    key = (args.treedef, args.kinds, shapes, tuple(flags), bool(jax.config.jax_enable_x64))
     try:
         hash((key, args.statics))
         key = (key, args.statics)
@@ -130,12 +132,36 @@ def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
         key = None
     if key is not None and key in probes:
         return probes[key]
-    ones = [np.ones(np.shape(a), _numpy_dtype(a.dtype)) for a in args.arrays]
-    ctx, out = _run_host_forward(name, forward, signature, args, flags, ones)
+    ctx, out = _probe_run(name, forward, signature, args, flags)
     probe = _describe(name, ctx, out, output)
     if key is not None:
         probes[key] = probe
     return probe
+
+
+def _probe_run(name, forward, signature, args, flags) -> tuple[Context, Any]:
+    """Run the host forward on arrays of ones, or (if it fails there, a singular matrix say) on
+    seeded standard-normal arrays; raise naming both failures otherwise."""
+    rng = np.random.default_rng(0)
+    candidates = [
+        [np.ones(np.shape(a), _numpy_dtype(a.dtype)) for a in args.arrays],
+        [rng.standard_normal(np.shape(a)).astype(_numpy_dtype(a.dtype)) for a in args.arrays],
+    ]
+    failures = []
+    for arrays in candidates:
+        try:
+            return _run_host_forward(name, forward, signature, args, flags, arrays)
+        except AutogradFunctionError:
+            raise
+        except Exception as err:  # noqa: BLE001 - reported below with what the probe is for
+            failures.append(f"{type(err).__name__}: {err}")
+    raise error(
+        AutogradFunctionTypeError,
+        name,
+        "a host forward (host=True) is run once per input signature on example arrays (ones, then seeded "
+        "standard-normal values) to learn the shapes of what it returns and saves, but it failed on both "
+        f"({'; '.join(failures)}); make forward accept such inputs (it may branch on them)",
+    )
 
 
 def _numpy_dtype(dtype: Any) -> Any:
@@ -177,17 +203,45 @@ def _describe(name: str, ctx: Context, out: Any, output: Any) -> _Probe:
     held = (state.positional, tuple(state.named.values()), tuple(ctx._attrs.values()))
     saved_leaves, saved_treedef = jax.tree_util.tree_flatten(held)
     numeric = [isinstance(v, (np.ndarray, *_NUMBERS)) and not isinstance(v, str) for v in saved_leaves]
+    scalars = [type(v) in _PACKED for v in saved_leaves]
     return _Probe(
         out_treedef,
         specs,
         saved_treedef,
         (tuple(state.named), tuple(ctx._attrs)),
-        tuple(_spec(v) if n else None for v, n in zip(saved_leaves, numeric)),
-        tuple(None if n else v for v, n in zip(saved_leaves, numeric)),
-        tuple(isinstance(v, (int, float, complex, bool)) for v in saved_leaves),
+        tuple(_packed_spec(v) if p else _spec(v) if n else None for v, n, p in zip(saved_leaves, numeric, scalars)),
+        tuple(type(v) if p else None if n else v for v, n, p in zip(saved_leaves, numeric, scalars)),
+        tuple(scalars),
         state.materialize,
         tuple(i for i, leaf in enumerate(out_leaves) if id(leaf) in marked),
     )
+
+
+# Python numbers saved on ctx cross to backward as their exact bytes (no 32-bit rounding).
+_PACKED = {bool: "<?", int: "<q", float: "<d", complex: "<dd"}
+
+
+def _packed_spec(value: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((struct.calcsize(_PACKED[type(value)]),), np.uint8)
+
+
+def _pack(name: str, value: Any) -> np.ndarray:
+    fmt = _PACKED[type(value)]
+    try:
+        packed = struct.pack(fmt, *((value.real, value.imag) if type(value) is complex else (value,)))
+    except struct.error:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"a host forward (host=True) saved the Python number {value!r} on ctx, which does not fit 64 bits; "
+            "save it as a NumPy array or a string",
+        ) from None
+    return np.frombuffer(packed, np.uint8).copy()
+
+
+def _unpack(kind: type, raw: np.ndarray) -> Any:
+    values = struct.unpack(_PACKED[kind], np.asarray(raw, np.uint8).tobytes())
+    return complex(*values) if kind is complex else values[0]
 
 
 def _spec(value: Any) -> jax.ShapeDtypeStruct:
@@ -210,7 +264,19 @@ def _host_forward(name, forward, signature, args, flags, probe, *arrays) -> tupl
             "differs from the first one of this signature; return and save values of fixed shapes",
         )
     results = [_conform(name, "output", leaf, spec) for leaf, spec in zip(out_leaves, probe.out_specs)]
-    results += [_conform(name, "saved value", v, s) for v, s in zip(saved_leaves, probe.saved_specs) if s is not None]
+    for value, spec, static, packed in zip(saved_leaves, probe.saved_specs, probe.saved_statics, probe.saved_scalars):
+        if packed and type(value) in _PACKED:
+            results.append(_pack(name, value))
+        elif spec is not None:
+            results.append(_conform(name, "saved value", value, spec))
+        elif (type(value), repr(value)) != (type(static), repr(static)):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"a host forward (host=True) saved {value!r} on ctx where the first call of this signature saved "
+                f"{static!r}; values that are not numbers or arrays can't change from call to call (they are kept "
+                "from that first call), so save a number or an array instead",
+            )
     return tuple(results)
 
 
@@ -233,7 +299,7 @@ def _host_backward(name, backward, args, probe, treedef, leaves, wanted, specs, 
     saved, grads_in = list(values[:n_saved]), iter(values[n_saved:])
     saved_iter = iter(saved)
     saved_leaves = [
-        _as_python(next(saved_iter), scalar) if spec is not None else static
+        (_unpack(static, next(saved_iter)) if scalar else next(saved_iter)) if spec is not None else static
         for spec, static, scalar in zip(probe.saved_specs, probe.saved_statics, probe.saved_scalars)
     ]
     positional, named, attrs = jax.tree_util.tree_unflatten(probe.saved_treedef, saved_leaves)
@@ -252,10 +318,6 @@ def _host_backward(name, backward, args, probe, treedef, leaves, wanted, specs, 
         grad = per_leaf[args.array_positions[i]]
         results.append(np.zeros(spec.shape, spec.dtype) if grad is None else _sum_to(name, args, i, grad, spec))
     return tuple(results)
-
-
-def _as_python(value: np.ndarray, scalar: bool) -> Any:
-    return value.item() if scalar else value
 
 
 def _per_leaf(args: Arguments, by_name: dict[str, Any]) -> list[Any]:

@@ -111,3 +111,46 @@ def test_host_forward_must_return_numbers():
 def test_host_with_forward_mode_is_refused():
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': host=True runs NumPy code"):
         jaxfn.autograd_function(_jv_forward, _jv_backward, host=True, forward_mode=True, name="f")
+
+
+def test_a_non_numeric_saved_value_that_changes_is_refused():
+    def forward(ctx, x):
+        ctx.branch = "pos" if x.sum() > 0 else "neg"
+        ctx.save_for_backward(x=x)
+        return x**2 if x.sum() > 0 else x**3
+
+    def backward(ctx, g):
+        x = ctx.saved_variables.x
+        return g * (2 * x if ctx.branch == "pos" else 3 * x**2)
+
+    f = jaxfn.autograd_function(forward, backward, host=True, name="branchy")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'branchy': a host forward \(host=True\) saved 'neg'"):
+        jax.grad(lambda x: f(x).sum())(jnp.array([-1.0, -2.0]))
+
+
+def test_saved_python_numbers_come_back_exactly_without_x64():
+    seen = []
+
+    def forward(ctx, x):
+        ctx.big, ctx.tenth = 2**40 + 1, 0.1
+        return x * 2
+
+    def backward(ctx, g):
+        seen.append((ctx.big, ctx.tenth))
+        return g * 2
+
+    f = jaxfn.autograd_function(forward, backward, host=True, name="exact")
+    with jax.enable_x64(False):
+        jax.grad(lambda x: f(x).sum())(jnp.ones(2, jnp.float32))
+    assert seen == [(2**40 + 1, 0.1)]
+
+
+def test_a_forward_that_fails_on_ones_is_probed_again_and_values_dependent_shapes_are_refused():
+    solve = jaxfn.autograd_function(
+        lambda ctx, a, b: np.linalg.solve(a, b), lambda ctx, g: None, host=True, name="solve"
+    )
+    a = jnp.array([[2.0, 1.0], [0.5, 3.0]])
+    np.testing.assert_allclose(solve(a, jnp.ones(2)), np.linalg.solve(np.asarray(a), np.ones(2)), rtol=1e-12)
+    positive = jaxfn.autograd_function(lambda ctx, x: x[x > 0], lambda ctx, g: None, host=True, name="positive")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'positive': a host forward \(host=True\) must give"):
+        positive(jnp.array([1.0, -1.0, 2.0]))
