@@ -91,8 +91,7 @@ class _Compiled:
 class EagerPath:
     """The eager calls of every jaxfn function built from one ``forward``."""
 
-    def __init__(self, forward: Any, max_entries: int = MAX_ENTRIES):
-        self._forward = weakref.ref(forward) if _weakrefable(forward) else (lambda: forward)
+    def __init__(self, max_entries: int = MAX_ENTRIES):
         self.max_entries = max_entries
         self._entries: collections.OrderedDict[Any, Any] = collections.OrderedDict()
         self._fast: dict[Any, _Compiled] = {}  # compiled entries of calls whose arguments are all arrays
@@ -183,11 +182,11 @@ _PATHS_LOCK = threading.Lock()
 def path_for(forward: Any) -> EagerPath:
     """The eager path shared by every jaxfn function built from ``forward``."""
     if not _weakrefable(forward):
-        return EagerPath(forward)
+        return EagerPath()
     with _PATHS_LOCK:
         path = _PATHS.get(forward)
         if path is None:
-            path = _PATHS[forward] = EagerPath(forward)
+            path = _PATHS[forward] = EagerPath()
         return path
 
 
