@@ -205,7 +205,7 @@ def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: lis
         )
         return None
     if grad.shape != shape:
-        if not _broadcasts_to(shape, grad.shape):
+        if not broadcasts_to(shape, grad.shape):
             problems.append(
                 (
                     AutogradFunctionValueError,
@@ -214,18 +214,18 @@ def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: lis
                 )
             )
             return None
-        grad = _sum_to_shape(grad, shape)
+        grad = sum_to_shape(grad, shape)
     return grad if grad.dtype == dtype else grad.astype(dtype)
 
 
-def _broadcasts_to(shape: tuple[Any, ...], target: tuple[Any, ...]) -> bool:
+def broadcasts_to(shape: tuple[Any, ...], target: tuple[Any, ...]) -> bool:
     """Whether ``shape`` broadcasts to ``target``; dimensions may be symbolic (``jax.export``)."""
     if len(shape) > len(target):
         return False
     return all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))
 
 
-def _sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
+def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
     """Sum a broadcast gradient down to the input's shape, as PyTorch does."""
     lead = grad.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(

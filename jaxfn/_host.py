@@ -338,20 +338,15 @@ def _sum_to(name: str, args: Arguments, i: int, grad: Any, spec: jax.ShapeDtypeS
     grad = np.asarray(grad)
     shape = tuple(spec.shape)
     if grad.shape != shape:
-        try:
-            lead = grad.ndim - len(shape)
-            axes = tuple(range(lead)) + tuple(
-                lead + k for k, n in enumerate(shape) if n == 1 and grad.shape[lead + k] != 1
-            )
-            grad = grad.sum(axis=axes).reshape(shape)
-        except ValueError:
+        if not _gradients.broadcasts_to(shape, grad.shape):
             where = args.paths[args.array_positions[i]]
             raise error(
                 AutogradFunctionTypeError,
                 name,
                 f"the host backward returned a gradient for '{where}' with shape {grad.shape}, but '{where}' has "
                 f"shape {shape}",
-            ) from None
+            )
+        grad = _gradients.sum_to_shape(grad, shape)  # summed as for any backward: one rule, NumPy or JAX
     return grad.astype(spec.dtype)
 
 
