@@ -16,7 +16,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
-from ._arguments import ARRAY, DIFF, STATIC, dtype_kind
+from ._arguments import ARRAY, DIFF, dtype_kind
 from ._errors import AutogradFunctionTypeError, error, type_name
 
 
@@ -121,7 +121,7 @@ def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> lis
 
 
 def _no_gradient(aval: jax.ShapeDtypeStruct, materialize: bool) -> Any:
-    if not materialize or dtype_kind(aval.dtype) == STATIC or jnp.issubdtype(aval.dtype, jax.dtypes.extended):
+    if not materialize or jnp.issubdtype(aval.dtype, jax.dtypes.extended):
         return None  # a PRNG key has no zeros
     return jnp.zeros(aval.shape, aval.dtype)
 
