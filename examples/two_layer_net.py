@@ -490,14 +490,19 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
         for i in range(n):
             flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)]
             procs.append(subprocess.Popen([*base, *flags], env=env))
-        while first_failure(procs) is None:
+        failed: list[int] = []  # indices of failed processes, in the order the failures were seen
+        while not note_failures(procs, failed):
             if all(p.returncode == 0 for p in procs):
                 return 0
-            time.sleep(0.05)
-        wait_all(procs, seconds=2.0)  # the others often fail the same way (a bad --batch): let them say so
-        i, code = first_failure(procs)
-        others = "; stopped the others" if kill_all(procs) else ""
-        sys.stderr.write(f"{PROG}: error: process {i} of {n} {describe_exit(code)}{others}\n")
+            time.sleep(0.02)
+        wait_all(procs, failed, seconds=2.0)  # the others often fail the same way (a bad --batch): let them say so
+        i = first_cause(procs, failed)
+        code = procs[i].returncode
+        after = [f"process {j} {describe_exit(procs[j].returncode)}" for j in failed if j != i]
+        said = [f"process {i} of {n} {describe_exit(code)}"] + (["then " + ", ".join(after)] if after else [])
+        if kill_all(procs):
+            said.append("stopped the others")
+        sys.stderr.write(f"{PROG}: error: {'; '.join(said)}\n")
         return code if code > 0 else 1
     except KeyboardInterrupt:
         return 130
@@ -505,15 +510,30 @@ def launch_local(args: argparse.Namespace, argv: list[str]) -> int:
         kill_all(procs)
 
 
-def first_failure(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
-    codes = [p.poll() for p in procs]
-    return next(((i, c) for i, c in enumerate(codes) if c not in (None, 0)), None)
+def note_failures(procs: list[subprocess.Popen], failed: list[int]) -> list[int]:
+    """Appends to ``failed`` the processes that have newly failed; returns it."""
+    failed += [i for i, p in enumerate(procs) if p.poll() not in (None, 0) and i not in failed]
+    return failed
 
 
-def wait_all(procs: list[subprocess.Popen], seconds: float) -> None:
+def first_cause(procs: list[subprocess.Popen], failed: list[int]) -> int:
+    """The failed process that stopped the run, not one that stopped because a peer had gone.
+
+    When a process dies, the others' JAX runtime aborts (SIGABRT) or exits with an error, often
+    within milliseconds and sometimes before the launcher sees the first one go: the dead peer's
+    sockets close before its exit can be collected. So a process killed by any other signal
+    (SIGKILL, SIGSEGV, a SIGTERM from outside) is the cause; otherwise the first failure seen.
+    """
+    killed = [i for i in failed if procs[i].returncode < 0 and procs[i].returncode != -signal.SIGABRT]
+    return (killed or failed)[0]
+
+
+def wait_all(procs: list[subprocess.Popen], failed: list[int], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
+        note_failures(procs, failed)
+    note_failures(procs, failed)
 
 
 def kill_all(procs: list[subprocess.Popen]) -> bool:

@@ -189,3 +189,36 @@ def test_help():
     flags += ["--single-process", "--timeout"]
     for flag in flags:
         assert flag in result.stdout
+
+
+class Exited:
+    """A finished process as the launcher sees it (``Popen.poll`` gives its status)."""
+
+    def __init__(self, returncode):
+        self.returncode = returncode
+
+    def poll(self):
+        return self.returncode
+
+
+@pytest.mark.parametrize(
+    "codes, seen, cause",
+    [
+        ([-6, -9], [0, 1], 1),  # the peer's runtime aborted before the SIGKILLed one was collected
+        ([-9, -6], [1, 0], 0),
+        ([-11, 1], [1, 0], 0),  # a crash causes; an error exit after it is the peer noticing
+        ([2, 2], [1, 0], 1),  # a bad flag fails everywhere alike: the first one seen
+        ([-6, -6], [1, 0], 1),
+        ([0, -15], [1], 1),
+    ],
+)
+def test_launcher_names_the_process_that_stopped_the_run(example, codes, seen, cause):
+    assert example.first_cause([Exited(c) for c in codes], seen) == cause
+
+
+def test_launcher_notes_failures_in_the_order_they_are_seen(example):
+    procs = [Exited(None), Exited(-6), Exited(0)]
+    failed = example.note_failures(procs, [])
+    assert failed == [1]
+    procs[0].returncode = -9
+    assert example.note_failures(procs, failed) == [1, 0]

@@ -232,8 +232,11 @@ def test_a_dead_process_stops_the_local_run_and_leaves_no_process_behind(tmp_pat
     finally:
         kill_group(launcher)
     assert launcher.returncode == 1
-    assert Path(f"{path}.err").read_text().strip().splitlines()[-1] == (
-        "two_layer_net.py: error: process 1 of 2 was killed by SIGKILL; stopped the others"
+    # the survivor is stopped by the launcher, or its runtime has already stopped it (gloo aborts)
+    said = Path(f"{path}.err").read_text().strip().splitlines()[-1]
+    prefix = "two_layer_net.py: error: process 1 of 2 was killed by SIGKILL; "
+    assert re.fullmatch(
+        re.escape(prefix) + r"(stopped the others|then process 0 (was killed by \w+|exited with status \d+))", said
     )
     assert "Done:" not in Path(f"{path}.out").read_text()
     for pid in children.values():
