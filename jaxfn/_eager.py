@@ -17,8 +17,10 @@ dtype):
    that could change (see ``_purity.outside_reads``), the trace is compiled and used from then on.
    Otherwise (a forward that draws from ``np.random``, reads a mutable object, or needs
    concrete values) the key runs op by op for good.
-3. Before each compiled call, the values forward reads by name are checked to be the same
-   objects; if one was rebound, the key is validated again.
+3. Before each compiled call, the values forward reads by name (and the attributes it may read
+   through a user's module, class or enum member, static arguments included) are checked to be
+   the same objects; if one was rebound, the key is validated again. The compiled copy computes
+   what ``jax.jit`` of forward does: XLA's fusion may change the last bit of a float.
 
 The bookkeeping is guarded by a lock, so eager calls are safe from several threads. Compiled
 copies are shared by every ``AutogradFunction`` built from the same ``forward`` function, so a
@@ -41,7 +43,7 @@ from jax.core import Tracer
 from jax.extend.core import jaxpr_as_fun
 
 from . import _purity, _rule
-from ._arguments import Arguments
+from ._arguments import STATIC, Arguments
 from ._errors import AutogradFunctionError
 
 MAX_ENTRIES = 128
@@ -145,7 +147,7 @@ class EagerPath:
             self._put(key, _OP_BY_OP)
             return _op_by_op(definition, args)
         if type(entry) is _Traced:
-            reads = _purity.outside_reads(definition.user_functions)
+            reads = _purity.outside_reads(definition.user_functions, _static_values(args))
             if not _same_trace(entry, closed, info) or reads is None:
                 self._put(key, _OP_BY_OP)
             else:
@@ -210,6 +212,10 @@ def _fast_key(definition: _rule.Definition, args: Arguments) -> Any:
     if args.treedef != jax.tree_util.tree_structure(tuple(args.arrays)):
         return None
     return definition.name, _purity.x64(), tuple(a.aval for a in args.arrays)
+
+
+def _static_values(args: Arguments) -> tuple[Any, ...]:
+    return tuple(value for value, kind in zip(args.statics, args.kinds) if kind == STATIC)
 
 
 def _op_by_op(definition: _rule.Definition, args: Arguments) -> Any:

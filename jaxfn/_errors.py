@@ -10,6 +10,7 @@ what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck:`` instea
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -87,6 +88,17 @@ def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]],
         raise error(kind, function, kind_and_sentences[0][1])
     lines = "\n".join(f"  - {_sentence(sentence)}" for _, sentence in kind_and_sentences)
     raise error(kind, function, f"{len(kind_and_sentences)} problems in one call:\n{lines}")
+
+
+# A jaxfn message inside the text of a JaxRuntimeError (an error raised in a host callback).
+_IN_CALLBACK = re.compile(r"jaxfn: '([^']+)': (.*?\.)(?:\n|$)", re.S)
+
+
+def from_callback(err: Exception) -> tuple[str, str] | None:
+    """(function, sentence) of the jaxfn error that a host callback raised, read back from JAX's
+    error carrying it; or None."""
+    found = _IN_CALLBACK.search(str(err))
+    return None if found is None else (found.group(1), found.group(2))
 
 
 def _opening(function: str) -> str:

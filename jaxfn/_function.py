@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import jax
 
 from . import _arguments, _eager, _forward_mode, _host, _reverse_mode, _rule
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callback
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
 _JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
@@ -23,9 +22,6 @@ _FORWARD_MODE_HELP = (
     "jaxfn.autograd_function(forward, backward, forward_mode=True) (or forward_mode = True on a "
     "jaxfn.Function) so that the same backward also gives forward mode"
 )
-
-# A jaxfn message inside the text of a JaxRuntimeError (errors raised in host callbacks).
-_HOST_ERROR = re.compile(r"jaxfn: '([^']+)': (.*?\.)(?:\n|$)", re.S)
 
 _CLOSURE_HELP = (
     "forward or backward reads a value that JAX is tracing from outside its arguments (it closes over "
@@ -105,10 +101,10 @@ class AutogradFunction:
         try:
             return self._call(args, kwargs)
         except jax.errors.JaxRuntimeError as err:  # a jaxfn error raised inside a host callback
-            found = _HOST_ERROR.search(str(err))
-            if found is None:
+            said = from_callback(err)
+            if said is None:
                 raise
-            raise error(AutogradFunctionTypeError, found.group(1), found.group(2)) from err
+            raise error(AutogradFunctionTypeError, *said) from err
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not kwargs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -86,12 +86,19 @@ def _from_slots(args: Arguments, per_slot: list[Any]) -> dict[str, Any]:
 
 
 def to_cotangents(
-    function: str, args: Arguments, grads: dict[str, Any], avals: list[Any], wanted: list[bool]
+    function: str,
+    args: Arguments,
+    grads: dict[str, Any],
+    avals: list[Any],
+    wanted: list[bool],
+    asarray: Callable[[Any], Any] = jnp.asarray,
 ) -> list[Any]:
     """One cotangent (or None) per array leaf of ``args``, checked against its input.
 
     ``avals[i]`` is the shape and dtype of the i-th array leaf and ``wanted[i]`` whether JAX
     differentiates it; gradients for the others are checked but dropped, so cost nothing.
+    ``asarray`` makes each gradient an array: ``np.asarray`` for a host backward (``host=True``),
+    whose gradients stay NumPy arrays.
     """
     per_leaf: list[Any] = [None] * len(args.kinds)
     problems: list[tuple[type, str]] = []
@@ -105,7 +112,7 @@ def to_cotangents(
         if grad is None or args.kinds[leaf] != DIFF:
             cotangents.append(None)
             continue
-        checked = _check_leaf(function, args.paths[leaf], grad, aval, problems)
+        checked = _check_leaf(function, args.paths[leaf], grad, aval, problems, asarray)
         cotangents.append(checked if want else None)
     raise_all(problems, function)
     return cotangents
@@ -173,8 +180,26 @@ def describe(value: Any) -> str:
     return type_name(value)
 
 
-def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: list[tuple[type, str]]) -> Any:
+def _check_leaf(
+    function: str,
+    where: str,
+    grad: Any,
+    primal: Any,
+    problems: list[tuple[type, str]],
+    asarray: Callable[[Any], Any] = jnp.asarray,
+) -> Any:
     """The gradient of one input leaf, summed to its shape and cast to its dtype; or None."""
+    got = f"backward returned a gradient for '{where}' with"
+    if isinstance(grad, (np.ndarray, np.generic)) and not jnp.issubdtype(grad.dtype, np.number):
+        if grad.dtype != np.bool_:  # an object or string array, which JAX can't even hold
+            problems.append(
+                (
+                    AutogradFunctionTypeError,
+                    f"{got} dtype {grad.dtype}, but '{where}' has dtype {primal.dtype}; a gradient must be "
+                    "floating-point.",
+                )
+            )
+            return None
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
         problems.append(
             (
@@ -184,9 +209,8 @@ def _check_leaf(function: str, where: str, grad: Any, primal: Any, problems: lis
             )
         )
         return None
-    grad = jnp.asarray(grad)
+    grad = asarray(grad)
     shape, dtype = tuple(primal.shape), primal.dtype
-    got = f"backward returned a gradient for '{where}' with"
     if not jnp.issubdtype(grad.dtype, jnp.inexact):
         problems.append(
             (

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -30,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _arguments, _gradients, _purity, _rule
+from . import _arguments, _gradients, _host_values, _purity, _rule
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callback, type_name
 
 _NUMBERS = (int, float, complex, bool, np.generic)
 
@@ -46,9 +45,7 @@ class _Probe:
     out_specs: tuple[jax.ShapeDtypeStruct, ...]
     saved_treedef: Any  # of (positional, named values, attribute values)
     saved_names: tuple[tuple[str, ...], tuple[str, ...]]
-    saved_specs: tuple[jax.ShapeDtypeStruct | None, ...]  # None: a static leaf, kept from the probe
-    saved_statics: tuple[Any, ...]  # a static leaf's value; a packed Python number's type
-    saved_scalars: tuple[bool, ...]  # a Python number: handed back to backward as one
+    saved_carries: tuple[Any, ...]  # how each saved leaf crosses to backward: see _host_values.carry
     materialize: bool
     non_differentiable: tuple[int, ...]  # output leaf positions marked by the host forward
 
@@ -66,14 +63,14 @@ def wrap(
     def jax_forward(ctx: Context, *call_args: Any, **call_kwargs: Any) -> Any:
         bound = _arguments.bind(name, signature, call_args, call_kwargs)
         args = _arguments.split(bound, varargs)
-        flags = [ctx.needs_input_grad[n] for n in args.names]
+        flags = tuple(ctx.needs_input_grad[n] for n in args.names)
         probe = _probe_for(name, forward, signature, args, flags, output, probes)
         host = functools.partial(_host_forward, name, forward, signature, args, flags, probe)
-        specs = (*probe.out_specs, *[s for s in probe.saved_specs if s is not None])
+        specs = (*probe.out_specs, *[s for s in map(_host_values.carried_spec, probe.saved_carries) if s is not None])
         results = _callback(name, host, specs, *args.arrays)
         outs, saved = results[: len(probe.out_specs)], results[len(probe.out_specs) :]
         ctx.save_for_backward(*saved)
-        ctx.probe, ctx.args = probe, args.structure()
+        ctx.probe, ctx.args, ctx.flags = probe, args.structure(), flags
         ctx.input_specs = tuple(jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in args.arrays)
         out = jax.tree_util.tree_unflatten(probe.out_treedef, list(outs))
         marked = [leaf for i, leaf in enumerate(jax.tree_util.tree_leaves(out)) if i in probe.non_differentiable]
@@ -87,7 +84,9 @@ def wrap(
         specs = tuple(inputs[i] for i in wanted)
         leaves, treedef = jax.tree_util.tree_flatten(grad_outputs, is_leaf=lambda v: v is None)
         present = [leaf for leaf in leaves if leaf is not None]
-        host = functools.partial(_host_backward, name, backward, args, probe, treedef, leaves, wanted, specs)
+        host = functools.partial(
+            _host_backward, name, backward, args, ctx.flags, probe, treedef, leaves, inputs, wanted
+        )
         grads = _callback(name, host, specs, *saved, *present)
         per_array: list[Any] = [None] * len(inputs)
         for i, g in zip(wanted, grads):
@@ -118,7 +117,13 @@ def _callback(name: str, host: Callable[..., Any], specs: Any, *arrays: Any) -> 
         raise error(AutogradFunctionTypeError, name, _ONCE)
 
     call.defjvp(refuse)
-    return call(*arrays)
+    try:
+        return call(*arrays)
+    except jax.errors.JaxRuntimeError as err:  # run at once (no jit): a jaxfn error from the host, in its words
+        said = from_callback(err)
+        if said is None:
+            raise
+        raise error(AutogradFunctionTypeError, *said) from err
 
 
 def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
@@ -186,7 +191,7 @@ def _describe(name: str, ctx: Context, out: Any, output: Any) -> _Probe:
                 name,
                 f"a host forward (host=True) must return NumPy arrays or numbers, but it returned {type_name(leaf)}",
             )
-    specs = tuple(_spec(leaf) for leaf in out_leaves)
+    specs = tuple(_host_values.spec(leaf) for leaf in out_leaves)
     if output is not None:
         declared, declared_treedef = jax.tree_util.tree_flatten(output)
         if declared_treedef != out_treedef or any(
@@ -202,51 +207,15 @@ def _describe(name: str, ctx: Context, out: Any, output: Any) -> _Probe:
     state = ctx._state
     held = (state.positional, tuple(state.named.values()), tuple(ctx._attrs.values()))
     saved_leaves, saved_treedef = jax.tree_util.tree_flatten(held)
-    numeric = [isinstance(v, (np.ndarray, *_NUMBERS)) and not isinstance(v, str) for v in saved_leaves]
-    scalars = [type(v) in _PACKED for v in saved_leaves]
     return _Probe(
         out_treedef,
         specs,
         saved_treedef,
         (tuple(state.named), tuple(ctx._attrs)),
-        tuple(_packed_spec(v) if p else _spec(v) if n else None for v, n, p in zip(saved_leaves, numeric, scalars)),
-        tuple(type(v) if p else None if n else v for v, n, p in zip(saved_leaves, numeric, scalars)),
-        tuple(scalars),
+        tuple(map(_host_values.carry, saved_leaves)),
         state.materialize,
         tuple(i for i, leaf in enumerate(out_leaves) if id(leaf) in marked),
     )
-
-
-# Python numbers saved on ctx cross to backward as their exact bytes (no 32-bit rounding).
-_PACKED = {bool: "<?", int: "<q", float: "<d", complex: "<dd"}
-
-
-def _packed_spec(value: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct((struct.calcsize(_PACKED[type(value)]),), np.uint8)
-
-
-def _pack(name: str, value: Any) -> np.ndarray:
-    fmt = _PACKED[type(value)]
-    try:
-        packed = struct.pack(fmt, *((value.real, value.imag) if type(value) is complex else (value,)))
-    except struct.error:
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"a host forward (host=True) saved the Python number {value!r} on ctx, which does not fit 64 bits; "
-            "save it as a NumPy array or a string",
-        ) from None
-    return np.frombuffer(packed, np.uint8).copy()
-
-
-def _unpack(kind: type, raw: np.ndarray) -> Any:
-    values = struct.unpack(_PACKED[kind], np.asarray(raw, np.uint8).tobytes())
-    return complex(*values) if kind is complex else values[0]
-
-
-def _spec(value: Any) -> jax.ShapeDtypeStruct:
-    array = np.asarray(value)
-    return jax.ShapeDtypeStruct(array.shape, jax.dtypes.canonicalize_dtype(array.dtype))
 
 
 def _host_forward(name, forward, signature, args, flags, probe, *arrays) -> tuple[Any, ...]:
@@ -256,54 +225,28 @@ def _host_forward(name, forward, signature, args, flags, probe, *arrays) -> tupl
     state = ctx._state
     held = (state.positional, tuple(state.named.values()), tuple(ctx._attrs.values()))
     saved_leaves = jax.tree_util.tree_leaves(held)
-    if len(out_leaves) != len(probe.out_specs) or len(saved_leaves) != len(probe.saved_specs):
+    if len(out_leaves) != len(probe.out_specs) or len(saved_leaves) != len(probe.saved_carries):
         raise error(
             AutogradFunctionTypeError,
             name,
             "a host forward (host=True) must return and save the same structure on every call, but this call "
             "differs from the first one of this signature; return and save values of fixed shapes",
         )
-    results = [_conform(name, "output", leaf, spec) for leaf, spec in zip(out_leaves, probe.out_specs)]
-    for value, spec, static, packed in zip(saved_leaves, probe.saved_specs, probe.saved_statics, probe.saved_scalars):
-        if packed and type(value) in _PACKED:
-            results.append(_pack(name, value))
-        elif spec is not None:
-            results.append(_conform(name, "saved value", value, spec))
-        elif (type(value), repr(value)) != (type(static), repr(static)):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"a host forward (host=True) saved {value!r} on ctx where the first call of this signature saved "
-                f"{static!r}; values that are not numbers or arrays can't change from call to call (they are kept "
-                "from that first call), so save a number or an array instead",
-            )
+    results = [_host_values.conform(name, "output", leaf, spec) for leaf, spec in zip(out_leaves, probe.out_specs)]
+    for value, carry in zip(saved_leaves, probe.saved_carries):
+        results.extend(_host_values.send(name, value, carry))
     return tuple(results)
 
 
-def _conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct) -> np.ndarray:
-    array = np.asarray(value)
-    if array.shape != tuple(spec.shape):
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"a host forward (host=True) must give each {what} the same shape on every call, but one has shape "
-            f"{array.shape} where the first call of this signature gave {tuple(spec.shape)}",
-        )
-    return array.astype(spec.dtype)
-
-
-def _host_backward(name, backward, args, probe, treedef, leaves, wanted, specs, *values) -> tuple[Any, ...]:
-    """Runs on the host: the user's backward on NumPy arrays; one input-shaped gradient per wanted array."""
+def _host_backward(name, backward, args, flags, probe, treedef, leaves, inputs, wanted, *values) -> tuple[Any, ...]:
+    """Runs on the host: the user's backward on NumPy arrays; one input-shaped gradient per wanted array,
+    checked as any backward's gradients are (``_gradients``), in NumPy."""
     values = tuple(np.asarray(v) for v in values)  # callbacks may hand over JAX arrays
-    n_saved = sum(s is not None for s in probe.saved_specs)
-    saved, grads_in = list(values[:n_saved]), iter(values[n_saved:])
-    saved_iter = iter(saved)
-    saved_leaves = [
-        (_unpack(static, next(saved_iter)) if scalar else next(saved_iter)) if spec is not None else static
-        for spec, static, scalar in zip(probe.saved_specs, probe.saved_statics, probe.saved_scalars)
-    ]
+    n_saved = sum(_host_values.carried_spec(c) is not None for c in probe.saved_carries)
+    saved, grads_in = iter(values[:n_saved]), iter(values[n_saved:])
+    saved_leaves = [_host_values.receive(carry, saved) for carry in probe.saved_carries]
     positional, named, attrs = jax.tree_util.tree_unflatten(probe.saved_treedef, saved_leaves)
-    ctx = Context(name, dict.fromkeys(args.names, True))
+    ctx = Context(name, dict(zip(args.names, flags)))
     ctx._state.positional, ctx._state.named = positional, dict(zip(probe.saved_names[0], named))
     ctx._state.materialize = probe.materialize
     for key, value in zip(probe.saved_names[1], attrs):
@@ -312,42 +255,12 @@ def _host_backward(name, backward, args, probe, treedef, leaves, wanted, specs, 
     grad_outputs = jax.tree_util.tree_unflatten(treedef, [None if v is None else next(grads_in) for v in leaves])
     returned = backward(ctx, *grad_outputs)
     by_name = _gradients.by_parameter(name, args, returned)
-    per_leaf = _per_leaf(args, by_name)
-    results = []
-    for i, spec in zip(wanted, specs):
-        grad = per_leaf[args.array_positions[i]]
-        results.append(np.zeros(spec.shape, spec.dtype) if grad is None else _sum_to(name, args, i, grad, spec))
-    return tuple(results)
-
-
-def _per_leaf(args: Arguments, by_name: dict[str, Any]) -> list[Any]:
-    """The gradient pytrees by parameter, as one entry per leaf of the arguments."""
-    per_leaf: list[Any] = []
-    for position, child in enumerate(args.treedef.children()):
-        grad = by_name.get(args.names[position])
-        if grad is None:
-            per_leaf.extend([None] * child.num_leaves)
-        elif child.num_leaves == 1 and child.num_nodes == 1:
-            per_leaf.append(grad)
-        else:
-            per_leaf.extend(child.flatten_up_to(grad))
-    return per_leaf
-
-
-def _sum_to(name: str, args: Arguments, i: int, grad: Any, spec: jax.ShapeDtypeStruct) -> np.ndarray:
-    grad = np.asarray(grad)
-    shape = tuple(spec.shape)
-    if grad.shape != shape:
-        if not _gradients.broadcasts_to(shape, grad.shape):
-            where = args.paths[args.array_positions[i]]
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"the host backward returned a gradient for '{where}' with shape {grad.shape}, but '{where}' has "
-                f"shape {shape}",
-            )
-        grad = _gradients.sum_to_shape(grad, shape)  # summed as for any backward: one rule, NumPy or JAX
-    return grad.astype(spec.dtype)
+    every = [args.kinds[p] == DIFF for p in args.array_positions]
+    cotangents = _gradients.to_cotangents(name, args, by_name, list(inputs), every, asarray=np.asarray)
+    return tuple(
+        np.zeros(inputs[i].shape, inputs[i].dtype) if cotangents[i] is None else np.asarray(cotangents[i])
+        for i in wanted
+    )
 
 
 def _by_parameter(args: Arguments, per_array: list[Any]) -> dict[str, Any]:

@@ -10,9 +10,13 @@
 
 from __future__ import annotations
 
+import dis
 import enum
+import inspect
+import os
 import struct
 import sys
+import sysconfig
 import types
 from typing import Any
 
@@ -88,16 +92,22 @@ MISSING = object()
 _SAFE_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, np.ufunc, jax.Array)
 
 
-def outside_reads(functions: tuple[Any, ...]) -> tuple[tuple[Any, str, Any], ...] | None:
+def outside_reads(functions: tuple[Any, ...], statics: tuple[Any, ...] = ()) -> tuple[tuple[Any, str, Any], ...] | None:
     """The values the user's ``functions`` (forward, setup_context) read by name from their
-    globals and closures, to check before each compiled call; None if one of them is a mutable
-    object (then forward never compiles)."""
+    globals and closures, and through the call's static arguments that are classes or enum
+    members (``cfg.scale``), to check before each compiled call; None if one of them is a
+    mutable object (then forward never compiles)."""
     reads: list[tuple[Any, str, Any]] = []
+    names: set[str] = set()
     for function in functions:
         found = _reads_of(function)
         if found is None:
             return None
         reads.extend(found)
+        names |= _names(function.__code__)[1]
+    for value in statics:
+        if not _add_attribute_reads(value, names, reads, depth=_DEPTH):
+            return None
     return tuple(reads)
 
 
@@ -115,11 +125,11 @@ def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
     code = getattr(forward, "__code__", None)
     if not isinstance(forward, types.FunctionType) or code is None:
         return None  # a bound method or callable object may read its own mutable state
-    names = _names(code)
+    global_names, names = _names(code)
     if names & _HIDDEN_STATE:
         return None
     reads: list[tuple[Any, str, Any]] = []
-    if not _add_reads(forward.__globals__, sorted(names), names, reads, depth=_DEPTH):
+    if not _add_reads(forward.__globals__, sorted(global_names), names, reads, depth=_DEPTH):
         return None
     for cell in forward.__closure__ or ():
         try:
@@ -133,49 +143,87 @@ def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
 
 
 def _add_reads(namespace: Any, candidates: list[str], names: set[str], reads: list, depth: int) -> bool:
-    """Record ``namespace[name]`` for each candidate name; False if one is a mutable object."""
+    """Record ``namespace[name]`` for each candidate name (a missing one as MISSING: defining it
+    later changes what forward reads); False if one is a mutable object."""
     for name in candidates:
         value = namespace.get(name, MISSING)
-        if value is MISSING:
-            continue
-        if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth):
+        if value is not MISSING and (not _immutable(value) or not _add_attribute_reads(value, names, reads, depth)):
             return False
         reads.append((namespace, name, value))
     return True
 
 
 def _add_attribute_reads(value: Any, names: set[str], reads: list, depth: int) -> bool:
-    """For a user's module or class, also record the attributes forward may read from it
-    (``config.scale``, ``MyFunction.k``): they can be rebound."""
-    if depth == 0 or not isinstance(value, (types.ModuleType, type)):
+    """For a user's module, class or enum member (and each one inside a tuple), also record the
+    attributes forward may read from it (``config.scale``, ``MyFunction.k``, ``Mode.A.factor``):
+    they can be rebound."""
+    if depth == 0:
         return True
-    root = (value.__name__ if isinstance(value, types.ModuleType) else value.__module__ or "").split(".")[0]
-    if root in _LIBRARIES or root in sys.stdlib_module_names:
-        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_add_attribute_reads(v, names, reads, depth) for v in value)
     if isinstance(value, types.ModuleType):
-        return _add_reads(vars(value), sorted(names & set(vars(value))), names, reads, depth - 1)
-    attributes = _ClassAttributes(value)  # inherited ones too: rebinding a base's changes this class's
-    return _add_reads(attributes, sorted(n for n in names if hasattr(value, n)), names, reads, depth - 1)
+        if _library(value.__name__, value):
+            return True
+        return _add_reads(vars(value), sorted(names), names, reads, depth - 1)
+    if isinstance(value, (type, enum.Enum)):
+        if _library(type(value).__module__ if isinstance(value, enum.Enum) else value.__module__):
+            return True
+        return _add_reads(_Attributes(value), sorted(names), names, reads, depth - 1)
+    return True
 
 
-class _ClassAttributes:
-    """A class's attributes as ``getattr`` finds them (through its bases), with a dict's ``get``."""
+def _library(name: str | None, module: Any = None) -> bool:
+    """Whether a module (``module``, or the one named ``name``) is a library's (jax, numpy,
+    Python's own), whose attributes are functions and constants, not a user's settings. A user's
+    module that shares a standard module's name (``test``, ``trace``) is not: its file lies
+    outside Python's own folder."""
+    root = (name or "").split(".")[0]
+    if root in _LIBRARIES:
+        return True
+    if root not in sys.stdlib_module_names:
+        return False
+    module = module if module is not None else sys.modules.get(name or "")
+    if module is None:
+        return False
+    file = getattr(module, "__file__", None)
+    return file is None or os.path.realpath(file).startswith(_STDLIB)
+
+
+_STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")})
+
+
+class _Attributes:
+    """The attributes of a class (through its bases) or of an enum member, with a dict's ``get``.
+
+    A member's own attributes are read from its ``__dict__`` and its class's statically, so a
+    method read twice is the very same object (``getattr`` would make a new bound method)."""
 
     __slots__ = ("owner",)
 
-    def __init__(self, owner: type):
+    def __init__(self, owner: Any):
         self.owner = owner
 
     def get(self, name: str, default: Any) -> Any:
-        return getattr(self.owner, name, default)
+        if isinstance(self.owner, type):
+            return getattr(self.owner, name, default)
+        own = vars(self.owner)
+        return own[name] if name in own else inspect.getattr_static(type(self.owner), name, default)
 
 
-def _names(code: types.CodeType) -> set[str]:
+_GLOBAL_LOADS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}
+
+
+def _names(code: types.CodeType) -> tuple[set[str], set[str]]:
+    """The global names ``code`` (and code nested in it) reads, and every name it uses (globals
+    and attributes)."""
+    global_names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_LOADS}
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
+            inner_globals, inner = _names(const)
+            global_names |= inner_globals
+            names |= inner
+    return global_names, names
 
 
 def _immutable(value: Any) -> bool:

@@ -1,6 +1,7 @@
 """Eager calls mean what the Python says (SPEC section 9): a compiled copy only where nobody can tell."""
 
 import dataclasses
+import enum
 import functools
 import gc
 import math
@@ -389,5 +390,91 @@ def test_reads_through_bases_chains_and_namespaces_follow_the_python(forward, re
             np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
         rebind()
         np.testing.assert_allclose(f(jnp.ones(2)), [5.0, 5.0])
+    finally:
+        restore()
+
+
+class _Config:
+    scale = 2.0
+
+    class Inner:
+        k = 2.0
+
+
+class _Mode(enum.Enum):
+    A = "a"
+
+
+_Mode.A.factor = 2.0
+CONFIGS = (_Config,)
+stdlib_named = types.ModuleType("tabnanny")  # a user's module that shares a standard module's name
+stdlib_named.__file__ = "/home/user/project/tabnanny.py"
+stdlib_named.scale = 2.0
+
+
+def _late_forward(ctx, x, _):
+    try:
+        return x * LATE_SCALE  # noqa: F821 - defined by the test, after the compiled copy is made
+    except NameError:
+        return x * 2.0
+
+
+@pytest.mark.parametrize(
+    "forward, static, rebind, restore",
+    [
+        (
+            lambda ctx, x, cfg: x * cfg.scale,
+            _Config,
+            lambda: setattr(_Config, "scale", 5.0),
+            lambda: setattr(_Config, "scale", 2.0),
+        ),
+        (
+            lambda ctx, x, cfg: x * cfg.Inner.k,
+            _Config,
+            lambda: setattr(_Config.Inner, "k", 5.0),
+            lambda: setattr(_Config.Inner, "k", 2.0),
+        ),
+        (
+            lambda ctx, x, mode: x * mode.factor,
+            _Mode.A,
+            lambda: setattr(_Mode.A, "factor", 5.0),
+            lambda: setattr(_Mode.A, "factor", 2.0),
+        ),
+        (
+            lambda ctx, x, _: x * CONFIGS[0].scale,
+            None,
+            lambda: setattr(_Config, "scale", 5.0),
+            lambda: setattr(_Config, "scale", 2.0),
+        ),
+        (
+            lambda ctx, x, _: x * stdlib_named.scale,
+            None,
+            lambda: setattr(stdlib_named, "scale", 5.0),
+            lambda: setattr(stdlib_named, "scale", 2.0),
+        ),
+        (
+            _late_forward,
+            None,
+            lambda: globals().__setitem__("LATE_SCALE", 5.0),
+            lambda: globals().pop("LATE_SCALE"),
+        ),
+    ],
+    ids=[
+        "class argument",
+        "class inside a class argument",
+        "enum member argument",
+        "tuple of classes",
+        "module with a standard module's name",
+        "global defined later",
+    ],  # fmt: skip
+)
+def test_reads_through_static_arguments_and_later_globals_follow_the_python(forward, static, rebind, restore):
+    f = jaxfn.autograd_function(forward, _no_backward, name="reads")
+    try:
+        for _ in range(ROUNDS):
+            np.testing.assert_allclose(f(jnp.ones(2), static), [2.0, 2.0])
+        rebind()
+        for _ in range(ROUNDS):
+            np.testing.assert_allclose(f(jnp.ones(2), static), [5.0, 5.0])
     finally:
         restore()

@@ -154,3 +154,100 @@ def test_a_forward_that_fails_on_ones_is_probed_again_and_values_dependent_shape
     positive = jaxfn.autograd_function(lambda ctx, x: x[x > 0], lambda ctx, g: None, host=True, name="positive")
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'positive': a host forward \(host=True\) must give"):
         positive(jnp.array([1.0, -1.0, 2.0]))
+
+
+def test_saved_numpy_values_cross_to_backward_exactly_without_x64():
+    """float64 arrays and NumPy scalars saved on ctx are not narrowed to 32 bits on the way."""
+    seen = []
+
+    def forward(ctx, x):
+        wide = np.asarray(x, np.float64)
+        ctx.save_for_backward(x=wide, e=np.exp(-wide * wide))  # exp(-144) underflows float32
+        ctx.n, ctx.tiny, ctx.flag = np.int64(3_000_000_000), np.float64(1e-50), np.bool_(True)
+        return np.log(np.exp(-wide * wide) + 1e-300).astype(x.dtype)  # -x**2
+
+    def backward(ctx, g):
+        s = ctx.saved_variables
+        seen.append((ctx.n, ctx.tiny, ctx.flag, s.x.dtype))
+        return {"x": g * (-2 * s.x * np.exp(-(s.x**2)) / s.e)}
+
+    f = jaxfn.autograd_function(forward, backward, host=True, name="wide")
+    x = jnp.array([1.0, 12.0], jnp.float32)
+    with jax.enable_x64(False):
+        grad = jax.grad(lambda x: f(x).sum())(x)
+    np.testing.assert_allclose(grad, jax.grad(lambda x: -(x**2).sum())(x), rtol=1e-6)
+    ((n, tiny, flag, dtype),) = seen
+    assert (type(n), n, type(tiny), tiny, type(flag), flag, dtype) == (
+        np.int64,
+        3_000_000_000,
+        np.float64,
+        1e-50,
+        np.bool_,
+        True,
+        np.float64,
+    )
+
+
+def test_a_saved_array_whose_dtype_changes_is_refused():
+    def forward(ctx, x):
+        ctx.save_for_backward(x=x if x.sum() > 0 else x.astype(np.float16))
+        return x * 2
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: 2 * g, host=True, name="drift")
+    with pytest.raises(
+        jaxfn.AutogradFunctionError, match=r"'drift': a host forward \(host=True\) must give each saved"
+    ):
+        jax.grad(lambda x: f(x).sum())(jnp.array([-1.0, -2.0]))
+
+
+def _product(ctx, p):
+    ctx.save_for_backward(b=p["b"])
+    return p["a"] * p["b"]
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_host_gradients_are_read_as_any_backward_s(host):
+    """A missing dict key is no gradient; a static argument's needs_input_grad is False."""
+    flags = []
+
+    def backward(ctx, g):
+        flags.append(tuple(ctx.needs_input_grad))
+        return {"p": {"a": g * ctx.saved_variables.b}}
+
+    f = jaxfn.autograd_function(_product, backward, host=host, name="product")
+    p = {"a": jnp.ones(2), "b": jnp.full(2, 3.0)}
+    grad = jax.grad(lambda p: f(p).sum())(p)
+    np.testing.assert_array_equal(grad["a"], [3.0, 3.0])
+    np.testing.assert_array_equal(grad["b"], [0.0, 0.0])
+    assert flags == [(True,)]
+
+    def scaled(ctx, x, c):
+        return x * c
+
+    def scaled_backward(ctx, g):
+        flags.append(tuple(ctx.needs_input_grad))
+        return g * 2.0, None
+
+    g = jaxfn.autograd_function(scaled, scaled_backward, host=host, name="scaled")
+    np.testing.assert_array_equal(jax.grad(lambda x: g(x, 2.0).sum())(jnp.ones(2)), [2.0, 2.0])
+    assert flags[-1] == (True, False)
+
+
+@pytest.mark.parametrize("host", [False, True])
+@pytest.mark.parametrize(
+    "returned, message",
+    [
+        (lambda g: (g, 1.0), r"for 'c', but it is a static argument"),
+        (lambda g: (g * 1j, None), r"for 'x' with complex dtype complex\d+, but 'x' is real"),
+        (lambda g: (np.ones(2, np.int32), None), r"for 'x' with dtype int32, but 'x' has dtype float32"),
+        (lambda g: (np.array([1, "a"], dtype=object), None), r"for 'x' with dtype object, but 'x' has dtype float32"),
+        (lambda g: ((g, g), None), r"for 'x' with pytree structure PyTreeDef\(\(\*, \*\)\), but 'x' has"),
+    ],
+)
+def test_host_gradients_are_checked_as_any_backward_s(host, returned, message):
+    def forward(ctx, x, c):
+        return x * c
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: returned(g), host=host, name="checked")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'checked': backward returned a gradient " + message):
+        jax.grad(lambda x: f(x, 2.0).sum())(jnp.ones(2, jnp.float32))

@@ -19,6 +19,7 @@ LAYERS = [
     "_reverse_mode",
     "_forward_mode",
     "_eager",
+    "_host_values",
     "_host",
     "_function",
     "_gradcheck",

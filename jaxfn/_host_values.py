@@ -1,0 +1,159 @@
+"""How values cross between a host forward or backward (``host=True``, NumPy) and JAX.
+
+A host forward's output leaves become JAX arrays of the shapes and dtypes the probe learnt
+(``spec``, ``conform``). What it saves on ``ctx`` crosses to backward exactly (``carry``,
+``send``, ``receive``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import AutogradFunctionTypeError, error, type_name
+
+# How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
+# exactly: an array of a dtype JAX holds as it is (a float32 array; a float64 one with x64 on) as
+# an array; a NumPy scalar or an array JAX would narrow (float64, int64 with x64 off) as its raw
+# bytes; a Python number as its 64-bit bytes. Anything else (a string, a tuple of names) is kept
+# from the probe, and must not change from call to call.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Static:
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Number:
+    kind: type  # int, float, complex or bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Raw:
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    scalar: bool  # a NumPy scalar, handed back as one
+
+
+PACKED = {bool: "<?", int: "<q", float: "<d", complex: "<dd"}
+
+
+def carry(value: Any) -> Any:
+    if type(value) in PACKED:
+        return Number(type(value))
+    if not isinstance(value, (np.ndarray, np.generic)) or not jnp.issubdtype(value.dtype, np.number):
+        if not (isinstance(value, (np.ndarray, np.generic)) and value.dtype == np.bool_):
+            return Static(value)
+    if isinstance(value, np.generic) or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
+        return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
+    return spec(value)
+
+
+def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
+    if isinstance(carry, Static):
+        return None
+    if isinstance(carry, Number):
+        return jax.ShapeDtypeStruct((struct.calcsize(PACKED[carry.kind]),), np.uint8)
+    if isinstance(carry, Raw):
+        return jax.ShapeDtypeStruct((carry.dtype.itemsize * int(np.prod(carry.shape)),), np.uint8)
+    return carry
+
+
+def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
+    """Runs on the host after forward: a saved value as what crosses to backward ([] if nothing)."""
+    if isinstance(carry, Static):
+        if (type(value), repr(value)) != (type(carry.value), repr(carry.value)):
+            raise error(AutogradFunctionTypeError, name, changed(value, f"{carry.value!r}"))
+        return []
+    if isinstance(carry, Number):
+        if type(value) is not carry.kind:
+            raise error(AutogradFunctionTypeError, name, changed(value, f"a Python {carry.kind.__name__}"))
+        return [_pack(name, value)]
+    if isinstance(carry, Raw):
+        if not isinstance(value, (np.ndarray, np.generic)) or (value.dtype, np.shape(value)) != (
+            carry.dtype,
+            carry.shape,
+        ):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                changed(value, f"a NumPy value of dtype {carry.dtype} and shape {carry.shape}"),
+            )
+        return [np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8).copy()]
+    return [conform(name, "saved value", value, carry)]
+
+
+def receive(carry: Any, values: Any) -> Any:
+    """Runs on the host before backward: a saved value as forward saved it."""
+    if isinstance(carry, Static):
+        return carry.value
+    raw = np.asarray(next(values))
+    if isinstance(carry, Number):
+        return _unpack(carry.kind, raw)
+    if isinstance(carry, Raw):
+        array = np.frombuffer(raw.astype(np.uint8).tobytes(), carry.dtype).reshape(carry.shape).copy()
+        return array[()] if carry.scalar else array
+    return raw
+
+
+def changed(value: Any, first: str) -> str:
+    return (
+        f"a host forward (host=True) saved {_short(value)} on ctx where the first call of this signature saved "
+        f"{first}; the values saved must keep their kind, dtype and shape from call to call (values that are not "
+        "numbers or arrays are kept from that first call), so save values of fixed kinds and shapes"
+    )
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return f"a NumPy value of dtype {value.dtype} and shape {np.shape(value)}"
+    return repr(value) if len(repr(value)) < 60 else type_name(value)
+
+
+def _pack(name: str, value: Any) -> np.ndarray:
+    fmt = PACKED[type(value)]
+    try:
+        packed = struct.pack(fmt, *((value.real, value.imag) if type(value) is complex else (value,)))
+    except struct.error:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"a host forward (host=True) saved the Python number {value!r} on ctx, which does not fit 64 bits; "
+            "save it as a NumPy array or a string",
+        ) from None
+    return np.frombuffer(packed, np.uint8).copy()
+
+
+def _unpack(kind: type, raw: np.ndarray) -> Any:
+    values = struct.unpack(PACKED[kind], np.asarray(raw, np.uint8).tobytes())
+    return complex(*values) if kind is complex else values[0]
+
+
+def spec(value: Any) -> jax.ShapeDtypeStruct:
+    array = np.asarray(value)
+    return jax.ShapeDtypeStruct(array.shape, jax.dtypes.canonicalize_dtype(array.dtype))
+
+
+def conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct) -> np.ndarray:
+    array = np.asarray(value)
+    if array.shape != tuple(spec.shape):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"a host forward (host=True) must give each {what} the same shape on every call, but one has shape "
+            f"{array.shape} where the first call of this signature gave {tuple(spec.shape)}",
+        )
+    if jax.dtypes.canonicalize_dtype(array.dtype) != spec.dtype:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"a host forward (host=True) must give each {what} the same dtype on every call, but one has dtype "
+            f"{array.dtype} where the first call of this signature gave {spec.dtype}",
+        )
+    return array.astype(spec.dtype)
