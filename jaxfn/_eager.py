@@ -118,7 +118,7 @@ class EagerPath:
         for a in args:
             if type(a) is not _ARRAY_IMPL:
                 return MISS
-        entry = self._fast.get((definition.name, _purity.x64(), tuple([a.aval for a in args])))
+        entry = self._fast.get((definition.name, _purity.settings(), tuple([a.aval for a in args])))
         if entry is None or not _trace_state_clean() or not entry.still_valid():
             return MISS
         return entry(args)
@@ -211,7 +211,7 @@ def _fast_key(definition: _rule.Definition, args: Arguments) -> Any:
         return None
     if args.treedef != jax.tree_util.tree_structure(tuple(args.arrays)):
         return None
-    return definition.name, _purity.x64(), tuple(a.aval for a in args.arrays)
+    return definition.name, _purity.settings(), tuple(a.aval for a in args.arrays)
 
 
 def _static_values(args: Arguments) -> tuple[Any, ...]:

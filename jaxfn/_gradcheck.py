@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -123,7 +124,7 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
 
     x0 = [leaves[i] for i in checked]
     select = _outputs_to_check(fn, args, kwargs, leaves, treedef)
-    checked_labels = [labels[i] for i in checked]
+    checked_labels = [f"'{labels[i]}'" for i in checked]
     out_shapes = jax.eval_shape(lambda diff: select(call(diff)), x0)
     if not out_shapes:
         raise error(
@@ -134,12 +135,19 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
         )
     inputs = sum(2 * np.size(x) if jnp.iscomplexobj(x) else np.size(x) for x in x0)
     outputs = sum(2 * np.prod(o.shape) if jnp.iscomplexobj(o) else np.prod(o.shape) for o in out_shapes)
-    if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
-        _check_jacobian(lambda diff: select(call(diff)), x0, checked_labels, eps, atol, rtol)
-    else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
-        cotangent = _random_like(rng, out_shapes)
-        scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
-        _check(scalar, x0, checked_labels, eps, atol, rtol, rng, "")
+    # Every input differentiated, then each one alone (the others held constant): a backward may
+    # branch on ctx.needs_input_grad, and each pattern a user's jax.grad can make is checked.
+    alone = [[k] for k in range(len(x0))] if len(x0) > 1 else []
+    for which in [list(range(len(x0))), *alone]:
+        restricted = functools.partial(_restricted, lambda diff: select(call(diff)), x0, which)
+        sub_x0 = [x0[k] for k in which]
+        sub_labels = [checked_labels[k] + (_ALONE if len(which) == 1 and alone else "") for k in which]
+        if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
+            _check_jacobian(restricted, sub_x0, sub_labels, eps, atol, rtol)
+        else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
+            cotangent = _random_like(rng, out_shapes)
+            scalar = lambda diff, f=restricted, c=cotangent: _vdot(c, f(diff))  # noqa: E731
+            _check(scalar, sub_x0, sub_labels, eps, atol, rtol, rng, "")
     if order == 2:
         cotangent = _random_like(rng, out_shapes)
         scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
@@ -147,6 +155,18 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
         second = lambda diff: _vdot(u, jax.grad(scalar)(diff))  # noqa: E731
         _check(second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)")
     return True
+
+
+_ALONE = " (differentiated alone, the other inputs held constant)"
+
+
+def _restricted(f: Callable[[list[Any]], Any], x0: list[Any], which: list[int], diff: list[Any]) -> Any:
+    """``f`` of the inputs ``which`` only; the others are the constants ``x0``, so JAX does not
+    differentiate them (their needs_input_grad is False)."""
+    full = list(x0)
+    for k, value in zip(which, diff):
+        full[k] = value
+    return f(full)
 
 
 # Up to this many entries (inputs x outputs, real and imaginary parts counted apart), the whole
@@ -217,7 +237,7 @@ def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: 
     raise error(
         GradcheckError,
         GRADCHECK,
-        f"the gradient for '{label}' disagrees with finite differences; worst at index {index}{where} (output "
+        f"the gradient for {label} disagrees with finite differences; worst at index {index}{where} (output "
         f"element {int(output)}): analytical {a:.6g}, numerical {n:.6g} (|difference| {abs(a - n):.3g} > atol "
         f"{atol:g} + rtol {rtol:g} * |numerical|); {int(np.sum(np.any(excess > 0, axis=1)))} of "
         f"{excess.shape[0]} elements disagree",
@@ -253,7 +273,7 @@ def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what) -> None:
     raise error(
         GradcheckError,
         GRADCHECK,
-        f"the gradient{what} for '{label}' disagrees with finite differences; worst at index {index}: "
+        f"the gradient{what} for {label} disagrees with finite differences; worst at index {index}: "
         f"analytical {analytical[worst]:.6g}, numerical {numerical[worst]:.6g} (|difference| "
         f"{abs(analytical[worst] - numerical[worst]):.3g} > atol {atol:g} + rtol {rtol:g} * |numerical|); "
         f"{int(np.sum(excess > 0))} of {size} elements disagree",

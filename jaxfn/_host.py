@@ -212,7 +212,7 @@ def _describe(name: str, ctx: Context, out: Any, output: Any) -> _Probe:
         specs,
         saved_treedef,
         (tuple(state.named), tuple(ctx._attrs)),
-        tuple(map(_host_values.carry, saved_leaves)),
+        tuple(_host_values.carry(name, leaf) for leaf in saved_leaves),
         state.materialize,
         tuple(i for i, leaf in enumerate(out_leaves) if id(leaf) in marked),
     )

@@ -15,18 +15,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _purity
 from ._errors import AutogradFunctionTypeError, error, type_name
 
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
 # exactly: an array of a dtype JAX holds as it is (a float32 array; a float64 one with x64 on) as
-# an array; a NumPy scalar or an array JAX would narrow (float64, int64 with x64 off) as its raw
-# bytes; a Python number as its 64-bit bytes. Anything else (a string, a tuple of names) is kept
-# from the probe, and must not change from call to call.
+# an array; a NumPy scalar, or an array JAX would narrow or can't hold (float64 with x64 off,
+# datetime, strings, records), as its raw bytes; a Python number as its 64-bit bytes. A plain
+# immutable value (a str, None, an enum member) is kept from the probe and must not change from
+# call to call (compared exactly, as the eager path keys them); anything else (an object, which
+# may hold data of this call) can't cross, and is refused.
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Static:
     value: Any
+    key: Any  # _purity.value_key: tells apart what compares or prints alike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +48,27 @@ class Raw:
 PACKED = {bool: "<?", int: "<q", float: "<d", complex: "<dd"}
 
 
-def carry(value: Any) -> Any:
+def carry(name: str, value: Any) -> Any:
     if type(value) in PACKED:
         return Number(type(value))
-    if not isinstance(value, (np.ndarray, np.generic)) or not jnp.issubdtype(value.dtype, np.number):
-        if not (isinstance(value, (np.ndarray, np.generic)) and value.dtype == np.bool_):
-            return Static(value)
-    if isinstance(value, np.generic) or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
-        return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
-    return spec(value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype == object:
+            raise error(AutogradFunctionTypeError, name, _CANT_CROSS.format(what="a NumPy array of dtype object"))
+        numeric = jnp.issubdtype(value.dtype, np.number) or value.dtype == np.bool_
+        if isinstance(value, np.generic) or not numeric or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
+            return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
+        return spec(value)
+    try:
+        return Static(value, _purity.value_key(value))
+    except _purity.Uncacheable:
+        raise error(AutogradFunctionTypeError, name, _CANT_CROSS.format(what=type_name(value))) from None
+
+
+_CANT_CROSS = (
+    "a host forward (host=True) saved {what} on ctx, which can't cross to backward: jaxfn carries numbers, "
+    "NumPy arrays and plain values (str, None, enum members), and containers (tuple, list, dict) of them; save "
+    "the arrays and numbers backward needs instead"
+)
 
 
 def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
@@ -68,7 +84,11 @@ def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
 def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
     """Runs on the host after forward: a saved value as what crosses to backward ([] if nothing)."""
     if isinstance(carry, Static):
-        if (type(value), repr(value)) != (type(carry.value), repr(carry.value)):
+        try:
+            same = _purity.value_key(value) == carry.key
+        except _purity.Uncacheable:
+            same = False
+        if not same:
             raise error(AutogradFunctionTypeError, name, changed(value, f"{carry.value!r}"))
         return []
     if isinstance(carry, Number):
@@ -86,7 +106,7 @@ def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
                 changed(value, f"a NumPy value of dtype {carry.dtype} and shape {carry.shape}"),
             )
         return [np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8).copy()]
-    return [conform(name, "saved value", value, carry)]
+    return [conform(name, "saved value", value, carry, exact=True)]
 
 
 def receive(carry: Any, values: Any) -> Any:
@@ -140,7 +160,9 @@ def spec(value: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(array.shape, jax.dtypes.canonicalize_dtype(array.dtype))
 
 
-def conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct) -> np.ndarray:
+def conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct, exact: bool = False) -> np.ndarray:
+    """``value`` as an array of ``spec``'s shape and dtype: an output as JAX would hold it, a saved
+    value (``exact``) only if it has that very dtype."""
     array = np.asarray(value)
     if array.shape != tuple(spec.shape):
         raise error(
@@ -149,7 +171,7 @@ def conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct) -> np.
             f"a host forward (host=True) must give each {what} the same shape on every call, but one has shape "
             f"{array.shape} where the first call of this signature gave {tuple(spec.shape)}",
         )
-    if jax.dtypes.canonicalize_dtype(array.dtype) != spec.dtype:
+    if (array.dtype if exact else jax.dtypes.canonicalize_dtype(array.dtype)) != spec.dtype:
         raise error(
             AutogradFunctionTypeError,
             name,

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import builtins
 import dis
 import enum
 import inspect
@@ -39,12 +40,18 @@ def key(name: str, args: Arguments) -> Any:
     except Uncacheable:
         return None
     arrays = tuple(a.aval if isinstance(a, jax.Array) else (a.shape, a.dtype, "numpy") for a in args.arrays)
-    return name, x64(), structure, args.kinds, statics, arrays
+    return name, settings(), structure, args.kinds, statics, arrays
 
 
 def x64() -> bool:
-    """Whether 64-bit types are on (a result's dtype depends on it): part of every key."""
+    """Whether 64-bit types are on (a result's dtype depends on it)."""
     return _config.enable_x64.value
+
+
+def settings() -> Any:
+    """The JAX settings a trace depends on (x64, dtype and rank promotion, PRNG implementation
+    and more), as ``jax.jit`` keys its own cache on them: part of every key."""
+    return _config.trace_context()
 
 
 def _structure_key(treedef: Any) -> Any:
@@ -115,22 +122,35 @@ def outside_reads(functions: tuple[Any, ...], statics: tuple[Any, ...] = ()) -> 
 _HIDDEN_STATE = {"random", "rand", "randn", "randint", "default_rng", "getrandbits", "urandom", "uuid1", "uuid4",
                  "time", "time_ns", "perf_counter", "monotonic", "now", "today", "shuffle", "permutation",
                  # reads jaxfn can't follow by name: through strings, namespaces or the environment
-                 "getattr", "globals", "vars", "locals", "eval", "exec", "environ", "getenv", "__dict__"}  # fmt: skip
+                 "getattr", "globals", "vars", "locals", "eval", "exec", "environ", "getenv", "__dict__",
+                 "modules", "attrgetter", "methodcaller", "builtins", "__builtins__", "import_module",
+                 "__import__"}  # fmt: skip
 _DEPTH = 4  # attribute chains followed: settings.model.layer.scale
 # Libraries whose module attributes are functions and constants, not a user's settings.
 _LIBRARIES = {"jax", "jaxlib", "jaxfn", "numpy", "scipy", "ml_dtypes", "math", "cmath", "functools", "operator"}
 
 
-def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
+_CALLS = 8  # user functions followed from forward: a decorator's wrapper, the helpers it calls
+
+
+def _reads_of(forward: Any, seen: set[int] | None = None) -> tuple[tuple[Any, str, Any], ...] | None:
+    """What ``forward`` reads by name, and what the user's functions it reaches by name (helpers,
+    a decorator's wrapped function) read; None if that can't be followed."""
+    seen = set() if seen is None else seen
     code = getattr(forward, "__code__", None)
     if not isinstance(forward, types.FunctionType) or code is None:
         return None  # a bound method or callable object may read its own mutable state
-    global_names, names = _names(code)
-    if names & _HIDDEN_STATE:
-        return None
+    global_names, names, imported = _names(code)
+    if names & _HIDDEN_STATE or not all(_library(module) for module in imported):
+        return None  # a local `import settings` reads a module that nothing here records
+    seen.add(id(forward))
     reads: list[tuple[Any, str, Any]] = []
     if not _add_reads(forward.__globals__, sorted(global_names), names, reads, depth=_DEPTH):
         return None
+    missing = [name for namespace, name, value in reads if value is MISSING and namespace is forward.__globals__]
+    builtins_ = vars(builtins)
+    reads.extend((builtins_, name, builtins_.get(name, MISSING)) for name in missing)  # builtins can be patched
+    cells = []
     for cell in forward.__closure__ or ():
         try:
             value = cell.cell_contents
@@ -139,6 +159,15 @@ def _reads_of(forward: Any) -> tuple[tuple[Any, str, Any], ...] | None:
         if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth=_DEPTH):
             return None
         reads.append((cell, "", value))
+        cells.append(value)
+    for value in [*cells, *(v for _, _, v in reads)]:
+        if isinstance(value, types.FunctionType) and id(value) not in seen and not _library(value.__module__):
+            if len(seen) >= _CALLS:
+                return None  # too many functions to follow: run op by op rather than guess
+            inner = _reads_of(value, seen)
+            if inner is None:
+                return None
+            reads.extend(inner)
     return tuple(reads)
 
 
@@ -157,18 +186,19 @@ def _add_attribute_reads(value: Any, names: set[str], reads: list, depth: int) -
     """For a user's module, class or enum member (and each one inside a tuple), also record the
     attributes forward may read from it (``config.scale``, ``MyFunction.k``, ``Mode.A.factor``):
     they can be rebound."""
-    if depth == 0:
-        return True
     if isinstance(value, (tuple, frozenset)):
+        if type(value) not in (tuple, frozenset) and not _add_attribute_reads(type(value), names, reads, depth):
+            return False  # a namedtuple's class attributes
         return all(_add_attribute_reads(v, names, reads, depth) for v in value)
     if isinstance(value, types.ModuleType):
         if _library(value.__name__, value):
             return True
-        return _add_reads(vars(value), sorted(names), names, reads, depth - 1)
+        return depth > 0 and _add_reads(vars(value), sorted(names), names, reads, depth - 1)
     if isinstance(value, (type, enum.Enum)):
         if _library(type(value).__module__ if isinstance(value, enum.Enum) else value.__module__):
             return True
-        return _add_reads(_Attributes(value), sorted(names), names, reads, depth - 1)
+        # deeper than _DEPTH: not followed, so never compiled
+        return depth > 0 and _add_reads(_Attributes(value), sorted(names), names, reads, depth - 1)
     return True
 
 
@@ -206,24 +236,27 @@ class _Attributes:
     def get(self, name: str, default: Any) -> Any:
         if isinstance(self.owner, type):
             return getattr(self.owner, name, default)
-        own = vars(self.owner)
+        own = getattr(self.owner, "__dict__", {})
         return own[name] if name in own else inspect.getattr_static(type(self.owner), name, default)
 
 
 _GLOBAL_LOADS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}
 
 
-def _names(code: types.CodeType) -> tuple[set[str], set[str]]:
-    """The global names ``code`` (and code nested in it) reads, and every name it uses (globals
-    and attributes)."""
-    global_names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_LOADS}
+def _names(code: types.CodeType) -> tuple[set[str], set[str], set[str]]:
+    """The global names ``code`` (and code nested in it) reads, every name it uses (globals and
+    attributes), and the modules it imports."""
+    instructions = list(dis.get_instructions(code))
+    global_names = {i.argval for i in instructions if i.opname in _GLOBAL_LOADS}
+    imported = {i.argval for i in instructions if i.opname == "IMPORT_NAME"}
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            inner_globals, inner = _names(const)
+            inner_globals, inner, inner_imports = _names(const)
             global_names |= inner_globals
             names |= inner
-    return global_names, names
+            imported |= inner_imports
+    return global_names, names, imported
 
 
 def _immutable(value: Any) -> bool:

@@ -1,11 +1,15 @@
 """Eager calls mean what the Python says (SPEC section 9): a compiled copy only where nobody can tell."""
 
+import builtins
+import collections
 import dataclasses
 import enum
 import functools
 import gc
 import math
+import operator
 import pickle
+import sys
 import threading
 import types
 import weakref
@@ -478,3 +482,113 @@ def test_reads_through_static_arguments_and_later_globals_follow_the_python(forw
             np.testing.assert_allclose(f(jnp.ones(2), static), [5.0, 5.0])
     finally:
         restore()
+
+
+def _rescaled(fn):
+    @functools.wraps(fn)
+    def wrapper(ctx, *args):
+        return fn(ctx, *args)
+
+    return wrapper
+
+
+@_rescaled
+def _decorated_forward(ctx, x, _):
+    return x * SCALE
+
+
+def _scale_helper(x):
+    return x * SCALE
+
+
+class _Named(collections.namedtuple("_Named", "a")):
+    k = 2.0
+
+
+NAMED = _Named(1.0)
+_Chain = type("_Chain", (), {"a": type("_A", (), {"b": type("_B", (), {"c": type("_C", (), {"d": 2.0})})})})
+
+
+@pytest.mark.parametrize(
+    "forward, rebind, restore",
+    [
+        (_decorated_forward, lambda: globals().__setitem__("SCALE", 5.0), lambda: globals().__setitem__("SCALE", 2.0)),
+        (
+            lambda ctx, x, _: _scale_helper(x),
+            lambda: globals().__setitem__("SCALE", 5.0),
+            lambda: globals().__setitem__("SCALE", 2.0),
+        ),
+        (lambda ctx, x, _: x * NAMED.k, lambda: setattr(_Named, "k", 5.0), lambda: setattr(_Named, "k", 2.0)),
+        (
+            lambda ctx, x, _: x * sys.modules[__name__].SCALE,
+            lambda: globals().__setitem__("SCALE", 5.0),
+            lambda: globals().__setitem__("SCALE", 2.0),
+        ),
+        (
+            lambda ctx, x, _: x * operator.attrgetter("scale")(settings),
+            lambda: setattr(settings, "scale", 5.0),
+            lambda: setattr(settings, "scale", 2.0),
+        ),
+        (
+            lambda ctx, x, _: x * abs(-2.0),
+            lambda: setattr(builtins, "abs", lambda v: 5.0),
+            lambda: setattr(builtins, "abs", _ABS),
+        ),
+        (
+            lambda ctx, x, c: x * c.a.b.c.d,
+            lambda: setattr(_Chain.a.b.c, "d", 5.0),
+            lambda: setattr(_Chain.a.b.c, "d", 2.0),
+        ),
+    ],
+    ids=[
+        "decorated forward",
+        "helper's global",
+        "namedtuple class attribute",
+        "sys.modules",
+        "attrgetter",
+        "patched builtin",
+        "five attributes deep",
+    ],  # fmt: skip
+)
+def test_reads_through_wrappers_helpers_and_namespaces_follow_the_python(forward, rebind, restore):
+    f = jaxfn.autograd_function(forward, _no_backward, name="reads")
+    try:
+        for _ in range(ROUNDS):
+            np.testing.assert_allclose(f(jnp.ones(2), _Chain), [2.0, 2.0])
+        rebind()
+        np.testing.assert_allclose(f(jnp.ones(2), _Chain), [5.0, 5.0])
+    finally:
+        restore()
+
+
+_ABS = abs
+
+
+def test_a_module_imported_inside_forward_is_read_afresh(tmp_path, monkeypatch):
+    (tmp_path / "user_config_module.py").write_text("scale = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def forward(ctx, x):
+        import user_config_module
+
+        return x * user_config_module.scale
+
+    f = jaxfn.autograd_function(forward, _no_backward, name="imports")
+    for _ in range(ROUNDS):
+        np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
+    sys.modules["user_config_module"].scale = 5.0
+    np.testing.assert_allclose(f(jnp.ones(2)), [5.0, 5.0])
+    monkeypatch.delitem(sys.modules, "user_config_module")
+
+
+def test_jax_settings_are_part_of_the_key():
+    f = jaxfn.autograd_function(lambda ctx, x, y: x + y, _no_backward, name="promotes")
+    x, y = jnp.ones(3), jnp.ones((2, 3))
+    for _ in range(ROUNDS):
+        assert f(x, y).shape == (2, 3)
+    with jax.numpy_rank_promotion("raise"):  # as forward's Python would: refused
+        with pytest.raises(ValueError, match="could not be broadcast"):
+            f(x, y)
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(jax.dtypes.TypePromotionError):
+            f(x, jnp.ones(3, jnp.int32))

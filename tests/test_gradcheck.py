@@ -282,3 +282,24 @@ def test_an_option_that_is_also_a_parameter_is_refused():
 def test_many_outputs_from_few_inputs_stay_bounded():
     f = jaxfn.autograd_function(lambda ctx, x: jnp.full(200_000, x), lambda ctx, g: g.sum(), name="spread")
     assert jaxfn.gradcheck(f, 0.5)  # 200,000 outputs: random directions, not a 200,000-row identity
+
+
+def test_a_backward_wrong_only_when_one_input_is_differentiated_is_caught():
+    """Each pattern of needs_input_grad a user's jax.grad can make is checked, not only all-inputs."""
+
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        gx = g * y if ctx.needs_input_grad.y else 3 * g * y  # wrong when x alone is differentiated
+        return gx, g * x
+
+    f = jaxfn.autograd_function(forward, backward, name="product")
+    x, y = jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])
+    with pytest.raises(
+        jaxfn.GradcheckError,
+        match=r"the gradient for 'x' \(differentiated alone, the other inputs held constant\) disagrees",
+    ):
+        jaxfn.gradcheck(f, x, y)

@@ -1,5 +1,8 @@
 """host=True: NumPy/SciPy forward and backward through jax.pure_callback, under jit, grad and vmap."""
 
+import datetime
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -251,3 +254,40 @@ def test_host_gradients_are_checked_as_any_backward_s(host, returned, message):
     f = jaxfn.autograd_function(forward, lambda ctx, g: returned(g), host=host, name="checked")
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'checked': backward returned a gradient " + message):
         jax.grad(lambda x: f(x, 2.0).sum())(jnp.ones(2, jnp.float32))
+
+
+def test_objects_saved_on_ctx_are_refused_and_other_numpy_values_cross_exactly():
+    def hides(ctx, x):
+        ctx.ns = types.SimpleNamespace(v=x * 2)  # data of this call inside an object: can't cross
+        return x**2
+
+    f = jaxfn.autograd_function(hides, lambda ctx, g: g * ctx.ns.v, host=True, name="hides")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'hides': a host forward .* saved a SimpleNamespace"):
+        jax.grad(lambda x: f(x).sum())(jnp.ones(3))
+    seen = []
+
+    def labels(ctx, x):
+        ctx.names, ctx.when = np.array(["a", "bc"]), np.array(["2026-11-23"], dtype="datetime64[D]")
+        ctx.record = np.array([(1, 2.5)], dtype=[("i", "<i4"), ("f", "<f8")])
+        return x * 2
+
+    def backward(ctx, g):
+        seen.append((ctx.names, ctx.when, ctx.record))
+        return g * 2
+
+    g = jaxfn.autograd_function(labels, backward, host=True, name="labels")
+    jax.grad(lambda x: g(x).sum())(jnp.ones(2))
+    ((names, when, record),) = seen
+    assert names.tolist() == ["a", "bc"] and when.tolist() == [datetime.date(2026, 11, 23)]
+    assert record.dtype.names == ("i", "f") and record.tolist() == [(1, 2.5)]
+
+
+def test_a_saved_array_wider_than_the_probe_s_is_refused_without_x64():
+    def forward(ctx, x):
+        ctx.v = x.astype(np.int64) * 3_000_000_000 if x[0] > 1 else x.astype(np.int32)  # ones: int32
+        return x * 1.0
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: g, host=True, name="widens")
+    with jax.enable_x64(False):
+        with pytest.raises(jaxfn.AutogradFunctionError, match=r"'widens': .* saved value the same dtype .* int64"):
+            jax.grad(lambda x: f(x).sum())(jnp.full(2, 2.0, jnp.float32))
