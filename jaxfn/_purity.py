@@ -86,7 +86,7 @@ def value_key(value: Any) -> Any:
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return kind, value.dtype.str, value.tobytes()
     if isinstance(value, np.dtype):
-        return np.dtype, value.str, value.name
+        return np.dtype, value.str, value.name, str(value.descr)  # a record's fields too
     if isinstance(value, enum.Enum):
         return kind, value.name
     if isinstance(value, type):

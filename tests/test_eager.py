@@ -592,3 +592,13 @@ def test_jax_settings_are_part_of_the_key():
     with jax.numpy_dtype_promotion("strict"):
         with pytest.raises(Exception, match="no available implicit dtype promotion path"):  # noqa: PT011
             f(x, jnp.ones(3, jnp.int32))
+
+
+def test_record_dtypes_with_different_fields_are_different_keys():
+    def forward(ctx, x, dtype):
+        return x * len(dtype.names[0])
+
+    f = jaxfn.autograd_function(forward, _no_backward, name="records")
+    for _ in range(ROUNDS):
+        np.testing.assert_allclose(f(jnp.ones(1), np.dtype([("a", "<f4")])), [1.0])
+        np.testing.assert_allclose(f(jnp.ones(1), np.dtype([("bb", "<f4")])), [2.0])
