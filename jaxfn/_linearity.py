@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 from ._arguments import is_inexact
@@ -35,7 +36,7 @@ class NotLinear(Exception):
 # Linear in their one array operand (every other operand must not depend on grad_output).
 _UNARY = {
     "neg", "reduce_sum", "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "copy", "copy_p",
-    "rev", "slice", "real", "imag", "conj", "reduce_precision", "cumsum", "reduce_window_sum", "fft",
+    "rev", "slice", "real", "imag", "conj", "cumsum", "reduce_window_sum", "fft",
     "convert_element_type", "dynamic_slice", "gather", "sharding_constraint", "device_put", "mesh_cast",
     "reshard", "pvary", "pbroadcast", "all_gather", "all_gather_invariant", "ppermute", "all_to_all",
     "psum_scatter", "reduce_scatter", "optimization_barrier",
@@ -93,11 +94,18 @@ def _run(jaxpr: Any, const_states: list[str], in_states: list[str], in_body: boo
 
 def _read(env: dict[Any, str], var: Any) -> str:
     if hasattr(var, "val"):  # a Literal
-        return _const_state(var.val)
+        return _value_state(var.val)
     return env[var]
 
 
 def _const_state(value: Any) -> str:
+    """A constant the jaxpr closes over. A JAX array (a residual saved by forward, say) is some
+    constant, whatever its value: under jit it is a tracer whose value nobody knows, so reading
+    a zero eagerly would make the verdict depend on the data and on jit."""
+    return CONST if isinstance(value, jax.Array) else _value_state(value)
+
+
+def _value_state(value: Any) -> str:
     try:
         return ZERO if np.size(value) <= 1_000_000 and not np.any(np.asarray(value)) else CONST
     except Exception:  # a value NumPy can't read (a PRNG key): some constant

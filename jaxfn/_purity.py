@@ -86,9 +86,16 @@ def value_key(value: Any) -> Any:
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return kind, value.dtype.str, value.tobytes()
     if isinstance(value, np.dtype):
-        return np.dtype, value.str, value.name, str(value.descr)  # a record's fields too
+        if value.metadata:
+            raise Uncacheable  # NumPy leaves metadata out of equality and of every spelling
+        return np.dtype, value.str, repr(value), value.isalignedstruct  # a record's fields, a subarray's shape
     if isinstance(value, enum.Enum):
-        return kind, value.name
+        try:
+            return kind, value.name, value_key(value.value)  # a Flag's unnamed members have name None
+        except Uncacheable:
+            if value.name is None:
+                raise
+            return kind, value.name
     if isinstance(value, type):
         return type, value
     raise Uncacheable

@@ -602,3 +602,23 @@ def test_record_dtypes_with_different_fields_are_different_keys():
     for _ in range(ROUNDS):
         np.testing.assert_allclose(f(jnp.ones(1), np.dtype([("a", "<f4")])), [1.0])
         np.testing.assert_allclose(f(jnp.ones(1), np.dtype([("bb", "<f4")])), [2.0])
+
+
+class _Bits(enum.IntFlag):
+    A = 1
+
+
+@pytest.mark.parametrize(
+    "first, second, read",
+    [
+        (_Bits(4), _Bits(8), int),  # unnamed members of a flag: name None for both
+        (np.dtype(("f8", (2,))), np.dtype(("f4", (4,))), lambda d: d.shape[0]),  # both print as |V16
+        (np.dtype("f4", metadata={"s": 2}), np.dtype("f4", metadata={"s": 3}), lambda d: d.metadata["s"]),
+    ],
+    ids=["flag values", "subarray dtypes", "dtype metadata"],
+)
+def test_static_values_that_look_alike_get_their_own_result(first, second, read):
+    f = jaxfn.autograd_function(lambda ctx, x, v: x * read(v), _no_backward, name="alike")
+    for _ in range(ROUNDS):
+        np.testing.assert_allclose(f(jnp.ones(1), first), [read(first)])
+        np.testing.assert_allclose(f(jnp.ones(1), second), [read(second)])

@@ -245,3 +245,28 @@ def test_a_custom_rule_called_on_grad_output_is_transposed_through_its_primal():
     x, t = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5, -3.0, 2.0])
     _close(jax.jvp(f, (x,), (t,))[1], 2.0 * t)  # the transpose of what backward computes: g * 2
     _close(jax.grad(lambda x: (f(x) * 5.0).sum())(x), jnp.full(3, 10.0))  # backward's value, ct = 5
+
+
+def test_reduce_precision_of_grad_output_is_refused():
+    f = jaxfn.autograd_function(
+        lambda ctx, x: x * 1.0, lambda ctx, g: jax.lax.reduce_precision(g, 2, 2), name="rounds", forward_mode=True
+    )
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'rounds': it has forward_mode=True.*reduce_precision"):
+        jax.jvp(f, (jnp.ones(1),), (jnp.array([0.5]),))
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_an_affine_backward_is_refused_whatever_its_saved_offset_holds(transform):
+    """A saved offset that happens to be zero must not make `g * 2 + b` pass eagerly only."""
+
+    def forward(ctx, x, s):
+        ctx.save_for_backward(b=s * x)
+        return x * 2
+
+    def backward(ctx, g):
+        return g * 2 + ctx.saved_variables.b, None
+
+    f = jaxfn.autograd_function(forward, backward, name="offset", forward_mode=True)
+    jvp = transform(lambda x: jax.jvp(lambda x: f(x, jnp.array(0.0)), (x,), (jnp.ones(3),))[1])
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'offset': it has forward_mode=True"):
+        jvp(jnp.ones(3))
