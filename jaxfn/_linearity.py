@@ -39,7 +39,7 @@ _UNARY = {
     "rev", "slice", "real", "imag", "conj", "cumsum", "reduce_window_sum", "fft",
     "convert_element_type", "dynamic_slice", "gather", "sharding_constraint", "device_put", "mesh_cast",
     "reshard", "pvary", "pbroadcast", "all_gather", "all_gather_invariant", "ppermute", "all_to_all",
-    "psum_scatter", "reduce_scatter", "optimization_barrier",
+    "psum_scatter", "reduce_scatter", "optimization_barrier", "tile", "split",
 }  # fmt: skip
 # One output per operand, each linear in its own operand (collectives over several arrays).
 _ELEMENTWISE_MULTI = {"psum", "psum_invariant", "pmean", "psum2"}

@@ -184,6 +184,7 @@ def _linear_backwards():
         "jaxfn on g": lambda ctx, g: triple(g) / 3.0 * 2.0,
         "jit on g": lambda ctx, g: jax.jit(lambda u: u * 2.0)(g),
         "cond on x": lambda ctx, g: jax.lax.cond(ctx.flag.sum() > 0, lambda: g * 2.0, lambda: g * 5.0),
+        "tile and split": lambda ctx, g: sum(jnp.split(jnp.tile(g, 2), 2)) * 1.5,
         "scan over g": lambda ctx, g: (
             jax.lax.scan(lambda c, gi: (c + gi, c + 2.0 * gi), 0.0, g)[1]
             - jnp.cumsum(g)
