@@ -190,16 +190,6 @@ def _check_leaf(
 ) -> Any:
     """The gradient of one input leaf, summed to its shape and cast to its dtype; or None."""
     got = f"backward returned a gradient for '{where}' with"
-    if isinstance(grad, (np.ndarray, np.generic)) and not jnp.issubdtype(grad.dtype, np.number):
-        if grad.dtype != np.bool_:  # an object or string array, which JAX can't even hold
-            problems.append(
-                (
-                    AutogradFunctionTypeError,
-                    f"{got} dtype {grad.dtype}, but '{where}' has dtype {primal.dtype}; a gradient must be "
-                    "floating-point.",
-                )
-            )
-            return None
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
         problems.append(
             (
@@ -209,9 +199,10 @@ def _check_leaf(
             )
         )
         return None
-    grad = asarray(grad)
+    if not isinstance(grad, (jax.Array, np.ndarray, np.generic)):
+        grad = asarray(grad)  # a Python number: the dtype JAX gives it
     shape, dtype = tuple(primal.shape), primal.dtype
-    if not jnp.issubdtype(grad.dtype, jnp.inexact):
+    if not jnp.issubdtype(grad.dtype, jnp.inexact):  # checked before asarray: an object array can't be one
         problems.append(
             (
                 AutogradFunctionTypeError,
@@ -228,6 +219,7 @@ def _check_leaf(
             )
         )
         return None
+    grad = asarray(grad)
     if grad.shape != shape:
         if not broadcasts_to(shape, grad.shape):
             problems.append(
