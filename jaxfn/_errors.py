@@ -10,8 +10,11 @@ what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck:`` instea
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+import jax
 
 
 class AutogradFunctionError(Exception):
@@ -94,11 +97,17 @@ def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]],
 _IN_CALLBACK = re.compile(r"jaxfn: '([^']+)': (.*?\.)(?:\n|$)", re.S)
 
 
-def from_callback(err: Exception) -> tuple[str, str] | None:
-    """(function, sentence) of the jaxfn error that a host callback raised, read back from JAX's
-    error carrying it; or None."""
-    found = _IN_CALLBACK.search(str(err))
-    return None if found is None else (found.group(1), found.group(2))
+@contextlib.contextmanager
+def from_callbacks() -> Iterator[None]:
+    """Re-raise a jaxfn error that a host callback raised, which reaches Python inside JAX's
+    ``JaxRuntimeError``, as the jaxfn error it is; other errors pass unchanged."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as err:
+        found = _IN_CALLBACK.search(str(err))
+        if found is None:
+            raise
+        raise error(AutogradFunctionTypeError, found.group(1), found.group(2)) from err
 
 
 def _opening(function: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from . import _arguments, _eager, _forward_mode, _host, _reverse_mode, _rule
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callback
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callbacks
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
 _JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
@@ -98,13 +98,8 @@ class AutogradFunction:
         return (_rebuild, (self.name, self.forward_mode, *self._given))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with from_callbacks():  # a host function's compiled eager copy raises inside JAX's error
             return self._call(args, kwargs)
-        except jax.errors.JaxRuntimeError as err:  # a jaxfn error raised inside a host callback
-            said = from_callback(err)
-            if said is None:
-                raise
-            raise error(AutogradFunctionTypeError, *said) from err
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not kwargs:

@@ -32,7 +32,7 @@ import numpy as np
 from . import _arguments, _gradients, _host_values, _purity, _rule
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callback, type_name
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callbacks, type_name
 
 _NUMBERS = (int, float, complex, bool, np.generic)
 
@@ -117,13 +117,8 @@ def _callback(name: str, host: Callable[..., Any], specs: Any, *arrays: Any) -> 
         raise error(AutogradFunctionTypeError, name, _ONCE)
 
     call.defjvp(refuse)
-    try:
+    with from_callbacks():  # run at once (no jit), a backward under jax.grad too
         return call(*arrays)
-    except jax.errors.JaxRuntimeError as err:  # run at once (no jit): a jaxfn error from the host, in its words
-        said = from_callback(err)
-        if said is None:
-            raise
-        raise error(AutogradFunctionTypeError, *said) from err
 
 
 def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
