@@ -107,22 +107,37 @@ _SAFE_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, 
 
 
 def outside_reads(functions: tuple[Any, ...], statics: tuple[Any, ...] = ()) -> tuple[tuple[Any, str, Any], ...] | None:
-    """The values the user's ``functions`` (forward, setup_context) read by name from their
-    globals and closures, and through the call's static arguments that are classes or enum
-    members (``cfg.scale``), to check before each compiled call; None if one of them is a
-    mutable object (then forward never compiles)."""
-    reads: list[tuple[Any, str, Any]] = []
-    names: set[str] = set()
-    for function in functions:
-        found = _reads_of(function)
-        if found is None:
-            return None
-        reads.extend(found)
-        names |= _names(function.__code__)[1]
-    for value in statics:
-        if not _add_attribute_reads(value, names, reads, depth=_DEPTH):
-            return None
-    return tuple(reads)
+    """The values the user's ``functions`` (forward, setup_context) and the user functions they
+    reach by name (helpers, a decorator's wrapped function) read by name from their globals and
+    closures, and through the call's static arguments that are classes or enum members
+    (``cfg.scale``), to check before each compiled call; None if one of them is a mutable object
+    or can't be followed (then forward never compiles).
+
+    An attribute may be read in any of these functions (forward passes ``cfg`` to a helper that
+    reads ``cfg.scale``), so attributes are recorded for the names of all of them: the functions
+    reached are found first, growing until recording their reads reaches no new one."""
+    reached = list(functions)
+    while True:
+        if len(reached) > _CALLS:
+            return None  # too many functions to follow: run op by op rather than guess
+        if not all(isinstance(f, types.FunctionType) for f in reached):
+            return None  # a bound method or callable object may read its own mutable state
+        codes = [_names(f.__code__) for f in reached]
+        if any(c[1] & _HIDDEN_STATE or not all(map(_library, c[2])) for c in codes):
+            return None  # hidden state (random numbers, clocks), or a local `import settings`
+        names = set().union(*(c[1] for c in codes))
+        reads: list[tuple[Any, str, Any]] = []
+        for function, (global_names, _, _) in zip(reached, codes):
+            if not _add_function_reads(function, global_names, names, reads):
+                return None
+        for value in statics:
+            if not _add_attribute_reads(value, names, reads, depth=_DEPTH):
+                return None
+        known = {id(f) for f in reached}
+        new = {id(v): v for _, _, v in reads if _user_function(v) and id(v) not in known}
+        if not new:
+            return tuple(reads)
+        reached.extend(new.values())
 
 
 # Names of functions with hidden state (random numbers, clocks): a forward calling one never compiles.
@@ -140,42 +155,27 @@ _LIBRARIES = {"jax", "jaxlib", "jaxfn", "numpy", "scipy", "ml_dtypes", "math", "
 _CALLS = 8  # user functions followed from forward: a decorator's wrapper, the helpers it calls
 
 
-def _reads_of(forward: Any, seen: set[int] | None = None) -> tuple[tuple[Any, str, Any], ...] | None:
-    """What ``forward`` reads by name, and what the user's functions it reaches by name (helpers,
-    a decorator's wrapped function) read; None if that can't be followed."""
-    seen = set() if seen is None else seen
-    code = getattr(forward, "__code__", None)
-    if not isinstance(forward, types.FunctionType) or code is None:
-        return None  # a bound method or callable object may read its own mutable state
-    global_names, names, imported = _names(code)
-    if names & _HIDDEN_STATE or not all(_library(module) for module in imported):
-        return None  # a local `import settings` reads a module that nothing here records
-    seen.add(id(forward))
-    reads: list[tuple[Any, str, Any]] = []
-    if not _add_reads(forward.__globals__, sorted(global_names), names, reads, depth=_DEPTH):
-        return None
-    missing = [name for namespace, name, value in reads if value is MISSING and namespace is forward.__globals__]
+def _add_function_reads(function: types.FunctionType, global_names: set[str], names: set[str], reads: list) -> bool:
+    """Record what ``function`` reads from its globals (and builtins, which can be patched) and
+    closure cells; False if one is a mutable object."""
+    if not _add_reads(function.__globals__, sorted(global_names), names, reads, depth=_DEPTH):
+        return False
     builtins_ = vars(builtins)
-    reads.extend((builtins_, name, builtins_.get(name, MISSING)) for name in missing)  # builtins can be patched
-    cells = []
-    for cell in forward.__closure__ or ():
+    missing = [name for name in sorted(global_names) if name not in function.__globals__]
+    reads.extend((builtins_, name, builtins_.get(name, MISSING)) for name in missing)
+    for cell in function.__closure__ or ():
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
         if not _immutable(value) or not _add_attribute_reads(value, names, reads, depth=_DEPTH):
-            return None
+            return False
         reads.append((cell, "", value))
-        cells.append(value)
-    for value in [*cells, *(v for _, _, v in reads)]:
-        if isinstance(value, types.FunctionType) and id(value) not in seen and not _library(value.__module__):
-            if len(seen) >= _CALLS:
-                return None  # too many functions to follow: run op by op rather than guess
-            inner = _reads_of(value, seen)
-            if inner is None:
-                return None
-            reads.extend(inner)
-    return tuple(reads)
+    return True
+
+
+def _user_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) and not _library(value.__module__)
 
 
 def _add_reads(namespace: Any, candidates: list[str], names: set[str], reads: list, depth: int) -> bool:

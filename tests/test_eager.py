@@ -416,6 +416,10 @@ stdlib_named.__file__ = "/home/user/project/tabnanny.py"
 stdlib_named.scale = 2.0
 
 
+def _times_scale(x, cfg):
+    return x * cfg.scale
+
+
 def _late_forward(ctx, x, _):
     try:
         return x * LATE_SCALE  # noqa: F821 - defined by the test, after the compiled copy is made
@@ -428,6 +432,12 @@ def _late_forward(ctx, x, _):
     [
         (
             lambda ctx, x, cfg: x * cfg.scale,
+            _Config,
+            lambda: setattr(_Config, "scale", 5.0),
+            lambda: setattr(_Config, "scale", 2.0),
+        ),
+        (
+            lambda ctx, x, cfg: _times_scale(x, cfg),
             _Config,
             lambda: setattr(_Config, "scale", 5.0),
             lambda: setattr(_Config, "scale", 2.0),
@@ -465,6 +475,7 @@ def _late_forward(ctx, x, _):
     ],
     ids=[
         "class argument",
+        "class argument read by a helper",
         "class inside a class argument",
         "enum member argument",
         "tuple of classes",
