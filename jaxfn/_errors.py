@@ -10,11 +10,8 @@ what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck:`` instea
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterable, Iterator
-
-import jax
+from collections.abc import Iterable
 
 
 class AutogradFunctionError(Exception):
@@ -97,16 +94,13 @@ def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]],
 _IN_CALLBACK = re.compile(r"jaxfn: '([^']+)': (.*?\.)(?:\n|$)", re.S)
 
 
-@contextlib.contextmanager
-def from_callbacks() -> Iterator[None]:
-    """Re-raise a jaxfn error that a host callback raised, which reaches Python inside JAX's
-    ``JaxRuntimeError``, as the jaxfn error it is; other errors pass unchanged."""
-    try:
-        yield
-    except jax.errors.JaxRuntimeError as err:
-        found = _IN_CALLBACK.search(str(err))
-        if found is None:
-            raise
+def reraise_from_callback(err: Exception) -> None:
+    """Raise the jaxfn error that a host callback raised, which reaches Python inside JAX's
+    ``JaxRuntimeError`` ``err``, as the jaxfn error it is; return if there is none (the caller
+    re-raises ``err``). A plain call in an ``except`` clause: nothing is added to a call that
+    raises nothing."""
+    found = _IN_CALLBACK.search(str(err))
+    if found is not None:
         raise error(AutogradFunctionTypeError, found.group(1), found.group(2)) from err
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from . import _arguments, _eager, _forward_mode, _host, _reverse_mode, _rule
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callbacks
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, reraise_from_callback
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
 _JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
@@ -98,8 +98,11 @@ class AutogradFunction:
         return (_rebuild, (self.name, self.forward_mode, *self._given))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with from_callbacks():  # a host function's compiled eager copy raises inside JAX's error
+        try:
             return self._call(args, kwargs)
+        except jax.errors.JaxRuntimeError as err:  # a host function's compiled eager copy raises inside it
+            reraise_from_callback(err)
+            raise
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not kwargs:

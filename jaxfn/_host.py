@@ -32,7 +32,7 @@ import numpy as np
 from . import _arguments, _gradients, _host_values, _purity, _rule
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, from_callbacks, type_name
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, reraise_from_callback, type_name
 
 _NUMBERS = (int, float, complex, bool, np.generic)
 
@@ -117,8 +117,11 @@ def _callback(name: str, host: Callable[..., Any], specs: Any, *arrays: Any) -> 
         raise error(AutogradFunctionTypeError, name, _ONCE)
 
     call.defjvp(refuse)
-    with from_callbacks():  # run at once (no jit), a backward under jax.grad too
+    try:
         return call(*arrays)
+    except jax.errors.JaxRuntimeError as err:  # run at once (no jit), a backward under jax.grad too
+        reraise_from_callback(err)
+        raise
 
 
 def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
