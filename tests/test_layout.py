@@ -9,6 +9,8 @@ PACKAGE = Path(jaxfn.__file__).resolve().parent
 # The order data flows through a call; a module may import only modules listed before it.
 LAYERS = [
     "_errors",
+    "_jax_private",
+    "_keys",
     "_arguments",
     "_context",
     "_outputs",

@@ -1,0 +1,48 @@
+"""Every use of JAX's private or undocumented API, in one place.
+
+jaxfn stays on JAX's public API everywhere else. What is here has no public spelling; each
+entry says what it is for and falls back to a safe answer where JAX moved it. The test suite
+runs on the oldest and the newest JAX the package allows, so a move shows up there.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import jax
+from jax.core import Tracer
+
+try:  # the cheapest test of "no JAX transformation is active"
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - a JAX that moved it: every call counts as traced
+    def _trace_state_clean() -> bool:
+        return False
+
+
+def outside_traces(arrays: tuple[Any, ...] | list[Any]) -> bool:
+    """Whether no JAX transformation is active and no array is a tracer (an eager call)."""
+    return _trace_state_clean() and not any(isinstance(a, Tracer) for a in arrays)
+
+
+def x64() -> bool:
+    """Whether 64-bit types are on (a result's dtype depends on it)."""
+    return bool(jax.config.read("jax_enable_x64"))
+
+
+# JAX's tracers of forward and reverse mode (jax._src.interpreters.ad; no public names).
+_DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
+
+
+def is_differentiating_tracer(value: Any) -> bool:
+    """Whether ``value`` is a tracer of a forward- or reverse-mode differentiation."""
+    return type(value).__name__ in _DIFFERENTIATING_TRACERS
+
+
+def refused_by_hijax(err: Exception) -> bool:
+    """With jax_custom_vjp3 on, JAX's custom_vjp refuses forward mode with a bare
+    NotImplementedError from its ``jvp``/``lin`` methods (jax/_src/hijax.py)."""
+    if not isinstance(err, NotImplementedError):
+        return False
+    frames = traceback.extract_tb(err.__traceback__)
+    return any(f.filename.endswith("hijax.py") and f.name in ("jvp", "lin", "linearized") for f in frames)

@@ -1,0 +1,48 @@
+"""Strict keys for static values: ``1``, ``1.0``, ``True`` and ``np.float32(1)`` differ, and so
+do ``0.0`` and ``-0.0``, though Python calls them equal.
+
+``jit=True`` keys its compiled calls on them (``jax.jit`` keys static arguments by ``==``, which
+would hand a call with ``1.0`` the program traced for ``1``); ``host=True`` checks with them that
+a plain value a host forward saves does not change from call to call.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any
+
+import numpy as np
+
+
+class Unkeyable(Exception):
+    """A value with no strict key: not an immutable value (a list, an object, a function)."""
+
+
+def value_key(value: Any) -> Any:
+    """A hashable key that tells apart values Python calls equal (1, 1.0, True; 0.0, -0.0)."""
+    kind = type(value)
+    if value is None or kind in (int, bool, str, bytes):
+        return kind, value
+    if kind is float:
+        return kind, struct.pack("<d", value)  # every bit: -0.0 and -nan too
+    if kind is complex:
+        return kind, struct.pack("<dd", value.real, value.imag)
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return kind, value.dtype.str, value.tobytes()
+    if isinstance(value, np.dtype):
+        if value.metadata:
+            raise Unkeyable  # NumPy leaves metadata out of equality and of every spelling
+        return np.dtype, value.str, repr(value), value.isalignedstruct  # a record's fields, a subarray's shape
+    if isinstance(value, enum.Enum):
+        try:
+            return kind, value.name, value_key(value.value)  # a Flag's unnamed members have name None
+        except Unkeyable:
+            if value.name is None:
+                raise
+            return kind, value.name
+    if isinstance(value, type):
+        return type, value
+    if kind is tuple:
+        return kind, tuple(value_key(v) for v in value)
+    raise Unkeyable
