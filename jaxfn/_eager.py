@@ -1,252 +1,132 @@
-"""Eager calls: forward runs as the Python says, and a compiled copy only where nobody can tell.
+"""Eager calls: outside any JAX trace, forward runs as the Python says, op by op, every call.
 
-Outside any trace (no JAX transformation is active and no argument is a tracer), nothing
-differentiates a call, so only forward runs. As in PyTorch, it runs op by op, once per call.
-jaxfn replaces it with a compiled copy only when that cannot change a result. The rule, per
-*key* (the call's pytree structure, its static argument values, and each array's shape and
-dtype):
-
-1. A key is cacheable only if every static argument is an immutable value: a number, string,
-   bytes, ``None``, NumPy scalar, dtype, type or enum member. Keys tell apart values that
-   compare equal (``1``, ``1.0``, ``True``, ``np.float32(1)``; ``0.0`` and ``-0.0``). Any other
-   static argument (an object, a list, a function) means op by op, every time, and nothing is
-   kept.
-2. The first call of a key runs op by op. The second traces forward (forward's Python runs
-   once, as the call's run) and evaluates the trace. The third traces it again: if the two
-   traces are identical, constants included, and forward reads nothing by name from outside
-   that could change (see ``_purity.outside_reads``), the trace is compiled and used from then on.
-   Otherwise (a forward that draws from ``np.random``, reads a mutable object, or needs
-   concrete values) the key runs op by op for good.
-3. Before each compiled call, the values forward reads by name (and the attributes it may read
-   through a user's module, class or enum member, static arguments included) are checked to be
-   the same objects; if one was rebound, the key is validated again. The compiled copy computes
-   what ``jax.jit`` of forward does: XLA's fusion may change the last bit of a float.
-
-The bookkeeping is guarded by a lock, so eager calls are safe from several threads. Compiled
-copies are shared by every ``AutogradFunction`` built from the same ``forward`` function, so a
-function re-created inside a loop does not compile again.
+Nothing differentiates an eager call, so only forward runs, as in PyTorch's ``Function.apply``:
+it sees the current values of everything it reads (globals, closures, clocks, random numbers),
+and jaxfn never reads user code to decide anything. A compiled call is what a user asks for,
+with ``jit=True`` (``Compiled``): ``jax.jit``'s semantics, keyed strictly on static values.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import threading
-import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
-from jax._src import core as _jax_core
-from jax._src.array import ArrayImpl as _ARRAY_IMPL  # concrete arrays' class, named without starting a backend
-from jax.core import Tracer
-from jax.extend.core import jaxpr_as_fun
 
-from . import _purity, _rule
+from . import _jax_private, _keys, _rule
 from ._arguments import STATIC, Arguments
-from ._errors import AutogradFunctionError
-
-MAX_ENTRIES = 128
+from ._errors import AutogradFunctionTypeError, error, type_name
 
 
-# The cheapest test of "no JAX transformation is active"; JAX has no public API for it.
-_trace_state_clean = _jax_core.trace_state_clean
-MISS = object()
-
-
-def outside_traces(arrays: tuple[Any, ...]) -> bool:
-    """Whether no JAX transformation is active and no array is a tracer."""
-    return _trace_state_clean() and not any(isinstance(a, Tracer) for a in arrays)
-
-
-class _OpByOp:
-    """A key that always runs op by op."""
-
-
-_OP_BY_OP = _OpByOp()
-_SEEN = object()  # called once, op by op
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Traced:
-    jaxpr: Any
-    info: Any
-
-
-class _Compiled:
-    """A validated key's compiled forward, with what forward reads by name from outside."""
-
-    __slots__ = ("run", "info", "reads", "single")
-
-    def __init__(self, run: Any, info: Any, reads: tuple[tuple[Any, str, Any], ...]):
-        self.run, self.info, self.reads = run, info, reads  # reads: (namespace, name, value)
-        self.single = info.single_array
-
-    def still_valid(self) -> bool:
-        return _purity.unchanged(self.reads)
-
-    def __call__(self, arrays: Any) -> Any:
-        out = self.run(*arrays)
-        return out[0] if self.single else self.info.rebuild(out)
-
-
-class EagerPath:
-    """The eager calls of every jaxfn function built from one ``forward``."""
-
-    def __init__(self, max_entries: int = MAX_ENTRIES):
-        self.max_entries = max_entries
-        self._entries: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-        self._fast: dict[Any, _Compiled] = {}  # compiled entries of calls whose arguments are all arrays
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def states(self) -> list[str]:
-        """Each key's state, oldest first: 'seen', 'traced', 'compiled' or 'op by op' (for tests)."""
-        names = {_OpByOp: "op by op", _Traced: "traced", _Compiled: "compiled"}
-        return [names.get(type(entry), "seen") for entry in list(self._entries.values())]
-
-    def fast_call(self, definition: _rule.Definition, args: tuple[Any, ...]) -> Any:
-        """The compiled forward for a call whose arguments are all concrete JAX arrays passed
-        positionally, one per parameter, when that key is compiled and still valid; else MISS.
-
-        This skips binding and splitting the arguments: it is the common eager call.
-        """
-        if not self._fast:
-            return MISS
-        for a in args:
-            if type(a) is not _ARRAY_IMPL:
-                return MISS
-        entry = self._fast.get((definition.name, _purity.settings(), tuple([a.aval for a in args])))
-        if entry is None or not _trace_state_clean() or not entry.still_valid():
-            return MISS
-        return entry(args)
-
-    def call(self, definition: _rule.Definition, args: Arguments) -> Any:
-        """Forward's output for one eager call, op by op or compiled, as the rule above says."""
-        key = _purity.key(definition.name, args)
-        if key is None:
-            return _op_by_op(definition, args)
-        entry = self._get(key)
-        if type(entry) is _Compiled and entry.still_valid():
-            return entry(args.arrays)
-        if entry is None:
-            self._put(key, _SEEN)
-            return _op_by_op(definition, args)
-        if entry is _OP_BY_OP:
-            return _op_by_op(definition, args)
-        return self._trace(key, entry, definition, args)
-
-    def _trace(self, key: Any, entry: Any, definition: _rule.Definition, args: Arguments) -> Any:
-        try:
-            closed, info = _trace(definition, args)
-        except AutogradFunctionError:
-            raise  # a bad output: op by op would raise the same
-        except Exception:  # noqa: BLE001 - a forward that can't be traced (needs values): run it as Python does
-            self._put(key, _OP_BY_OP)
-            return _op_by_op(definition, args)
-        if type(entry) is _Traced:
-            reads = _purity.outside_reads(definition.user_functions, _static_values(args))
-            if not _same_trace(entry, closed, info) or reads is None:
-                self._put(key, _OP_BY_OP)
-            else:
-                compiled = _Compiled(jax.jit(jaxpr_as_fun(closed)), info, reads)
-                self._put(key, compiled, _fast_key(definition, args))
-                return compiled(args.arrays)
-        else:
-            self._put(key, _Traced(closed, info))
-        return info.rebuild(jaxpr_as_fun(closed)(*args.arrays))
-
-    def _get(self, key: Any) -> Any:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-            return entry
-
-    def _put(self, key: Any, entry: Any, fast_key: Any = None) -> None:
-        with self._lock:
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-            # The fast table holds exactly the compiled entries of all-array calls still in the LRU.
-            self._fast = {k: e for k, e in self._fast.items() if e is not entry and _held(self._entries, e)}
-            if fast_key is not None:
-                self._fast[fast_key] = entry
-
-
-_PATHS: weakref.WeakKeyDictionary[Any, EagerPath] = weakref.WeakKeyDictionary()
-_PATHS_LOCK = threading.Lock()
-
-
-def path_for(forward: Any) -> EagerPath:
-    """The eager path shared by every jaxfn function built from ``forward``."""
-    if not _weakrefable(forward):
-        return EagerPath()
-    with _PATHS_LOCK:
-        path = _PATHS.get(forward)
-        if path is None:
-            path = _PATHS[forward] = EagerPath()
-        return path
-
-
-def _weakrefable(value: Any) -> bool:
-    try:
-        weakref.ref(value)
-    except TypeError:
-        return False
-    return True
-
-
-def _held(entries: collections.OrderedDict[Any, Any], entry: Any) -> bool:
-    return any(e is entry for e in entries.values())
-
-
-def _fast_key(definition: _rule.Definition, args: Arguments) -> Any:
-    """The key ``fast_call`` looks up, for a call whose arguments are one JAX array per parameter."""
-    simple = definition.positional is not None and len(args.names) == len(definition.positional)
-    if not simple or len(args.kinds) != len(args.names) or not all(type(a) is _ARRAY_IMPL for a in args.arrays):
-        return None
-    if args.treedef != jax.tree_util.tree_structure(tuple(args.arrays)):
-        return None
-    return definition.name, _purity.settings(), tuple(a.aval for a in args.arrays)
-
-
-def _static_values(args: Arguments) -> tuple[Any, ...]:
-    return tuple(value for value, kind in zip(args.statics, args.kinds) if kind == STATIC)
-
-
-def _op_by_op(definition: _rule.Definition, args: Arguments) -> Any:
+def call(definition: _rule.Definition, args: Arguments) -> Any:
+    """Forward's output for one eager call, op by op."""
     out, info = _rule.primal(definition, args, args.arrays)
     return info.rebuild(out)
 
 
-def _trace(definition: _rule.Definition, args: Arguments) -> tuple[Any, Any]:
-    infos = []
-    structure = args.structure()
+class Compiled:
+    """``jit=True``: each call signature compiled once with ``jax.jit``.
 
-    def forward(*arrays: Any) -> Any:
-        out, info = _rule.primal(definition, structure, arrays)
-        infos.append(info)
+    The signature is the arguments' pytree structure, their static values (keyed strictly:
+    ``1``, ``1.0``, ``True`` and ``-0.0`` differ, as ``jax.jit``'s ``==`` would not tell) and each
+    array's shape and dtype, which ``jax.jit`` keys itself. Python state forward reads is read
+    when a signature is traced, as with ``jax.jit``. Python values in the output are those of
+    the trace, put back in place.
+    """
+
+    def __init__(self, definition: _rule.Definition, traced: Callable[[Arguments], Any]):
+        self._definition = definition
+        self._traced = traced
+        self._outputs: dict[Any, Any] = {}  # per signature: the output's treedef and Python values
+        self._jitted = jax.jit(self._run, static_argnums=0)
+        self._arrays_only = jax.jit(self._run_arrays)
+        self._fast = definition.positional is not None  # until an output holds a Python value
+
+    def fast_call(self, args: tuple[Any, ...]) -> Any:
+        """The call whose arguments are one concrete JAX array per parameter, passed by position,
+        where every output is an array: ``jax.jit`` alone keys it (the arrays' shapes and dtypes
+        are the whole signature). MISS for any other call."""
+        if not self._fast or len(args) != len(self._definition.positional or ()):
+            return MISS
+        for a in args:
+            if not isinstance(a, jax.Array):
+                return MISS
+        if not _jax_private.outside_traces(args):
+            return MISS
+        try:
+            return self._arrays_only(*args)
+        except _PythonOutput:
+            self._fast = False
+            return MISS
+
+    def _run_arrays(self, *arrays: Any) -> Any:
+        out = self._traced(self._definition.bind(arrays, {}))
+        if not all(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(out)):
+            raise _PythonOutput
         return out
 
-    closed = jax.make_jaxpr(forward)(*args.arrays)
-    return closed, infos[-1]
+    def __call__(self, args: Arguments) -> Any:
+        key = _Signature(args.structure(), _signature_key(self._definition.name, args))
+        arrays = self._jitted(key, args.arrays)
+        treedef, statics = self._outputs[key]
+        leaves = iter(arrays)
+        return jax.tree_util.tree_unflatten(treedef, [next(leaves) if s is _ARRAY else s for s in statics])
+
+    def _run(self, key: _Signature, arrays: tuple[Any, ...]) -> list[Any]:
+        args = key.args
+        out = self._traced(Arguments(args.names, args.treedef, args.kinds, args.statics, tuple(arrays), args.varargs))
+        leaves, treedef = jax.tree_util.tree_flatten(out)
+        is_array = [isinstance(leaf, jax.Array) for leaf in leaves]
+        self._outputs[key] = (treedef, tuple(_ARRAY if a else leaf for leaf, a in zip(leaves, is_array)))
+        return [leaf for leaf, a in zip(leaves, is_array) if a]
 
 
-def _same_trace(traced: _Traced, closed: Any, info: Any) -> bool:
-    """Whether two traces of forward are identical, constants and Python outputs included."""
-    a, b = traced.jaxpr, closed
-    if str(a.jaxpr) != str(b.jaxpr) or len(a.consts) != len(b.consts) or not traced.info.same_as(info):
-        return False
-    return all(_same_value(x, y) for x, y in zip(a.consts, b.consts))
+_ARRAY = object()  # marks an array leaf of a compiled call's output
+MISS = object()
 
 
-def _same_value(x: Any, y: Any) -> bool:
+class _PythonOutput(Exception):
+    """A compiled call's output holds a Python value: it needs the keyed path, which keeps them."""
+
+
+class _Signature:
+    """A static argument of ``jax.jit``: one call's structure, hashed and compared by its strict key."""
+
+    __slots__ = ("args", "key", "_hash")
+
+    def __init__(self, args: Arguments, key: Any):
+        self.args, self.key, self._hash = args, key, hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Signature) and self.key == other.key
+
+
+def _signature_key(name: str, args: Arguments) -> Any:
+    statics = []
+    for position, (value, kind) in enumerate(zip(args.statics, args.kinds)):
+        if kind == STATIC:
+            statics.append(_static_key(name, args, position, value))
+    return _keys.structure_key(args.treedef), args.kinds, tuple(statics)
+
+
+def _static_key(name: str, args: Arguments, position: int, value: Any) -> Any:
+    """A static value's strict key; for other hashable values (a function, a frozen config), the
+    value itself, compared with ``==`` as ``jax.jit`` compares static arguments."""
     try:
-        x, y = np.asarray(x), np.asarray(y)
-    except Exception:  # noqa: BLE001 - not readable as NumPy (a PRNG key): only identity counts
-        return x is y
-    return x.dtype == y.dtype and x.shape == y.shape and bool(np.all((x == y) | ((x != x) & (y != y))))
+        return _keys.value_key(value)
+    except _keys.Unkeyable:
+        pass
+    try:
+        hash(value)
+    except TypeError:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"with jit=True each static argument is part of the compiled call's key, as for jax.jit's static "
+            f"arguments, so it must be hashable, but '{args.paths[position]}' is {type_name(value)}, which is not; "
+            "pass a hashable value (a tuple, a frozen dataclass), or drop jit=True to run forward op by op",
+        ) from None
+    return type(value), value

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import functools
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from . import _arguments, _eager, _forward_mode, _host, _reverse_mode, _rule
+from . import _arguments, _eager, _forward_mode, _host, _jax_private, _reverse_mode, _rule
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, reraise_from_callback
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
@@ -34,8 +33,8 @@ _CLOSURE_HELP = (
 class AutogradFunction:
     """A differentiable function made of a ``forward`` and a ``backward`` (see ``autograd_function``).
 
-    A call binds its arguments, then runs forward on the eager path (outside any trace) or
-    through the builder of its mode: ``jax.custom_vjp`` (``_reverse_mode``), or
+    A call binds its arguments, then runs forward op by op (outside any trace; compiled with
+    ``jit=True``) or through the builder of its mode: ``jax.custom_vjp`` (``_reverse_mode``), or
     ``jax.custom_jvp`` by transposing backward (``_forward_mode``).
 
     >>> import jax, jax.numpy as jnp, jaxfn
@@ -56,9 +55,10 @@ class AutogradFunction:
         setup_context: Callable[..., Any] | None = None,
         host: bool = False,
         output: Any = None,
+        jit: bool = False,
     ):
         self.name = name if name is not None else getattr(forward, "__name__", "function")
-        self._given = (forward, backward, setup_context, host, output)  # what pickling rebuilds from
+        self._given = (forward, backward, setup_context, host, output, jit)  # what pickling rebuilds from
         if host:
             if forward_mode or setup_context is not None:
                 raise error(
@@ -79,7 +79,8 @@ class AutogradFunction:
 
         self.forward_mode = bool(forward_mode)
         self._build = _forward_mode.build if self.forward_mode else _reverse_mode.build
-        self._eager = _eager.path_for(forward)
+        self.jit = bool(jit)
+        self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
         self.__name__ = self.name
 
@@ -105,18 +106,21 @@ class AutogradFunction:
             raise
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not kwargs:
-            out = self._eager.fast_call(self._definition, args)
+        if self._compiled is not None and not kwargs:
+            out = self._compiled.fast_call(args)
             if out is not _eager.MISS:
                 return out
         arguments = self._definition.bind(args, kwargs)
-        if _eager.outside_traces(arguments.arrays):
-            return self._eager.call(self._definition, arguments)
-        return self._traced(arguments)
+        if not _jax_private.outside_traces(arguments.arrays):
+            return self._traced(arguments)
+        if self._compiled is not None:
+            return self._compiled(arguments)
+        return _eager.call(self._definition, arguments)
 
     def _traced(self, arguments: _arguments.Arguments) -> Any:
         """The call under a JAX transformation, through this mode's custom rule."""
-        if _closes_over_differentiated(self.forward) or _closes_over_differentiated(self.backward):
+        statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
+        if any(map(_closes_over_differentiated, (self.forward, self.backward, *statics))):
             raise error(AutogradFunctionTypeError, self.name, _CLOSURE_HELP)
         try:
             call = self._build(self._definition, arguments.structure())  # keeps no reference to the arrays
@@ -148,43 +152,53 @@ class AutogradFunction:
         return infos[-1].rebuild([next(flags) for _ in infos[-1].avals])
 
 
-def _refused_by_hijax(err: Exception) -> bool:
-    """With jax_custom_vjp3 on, JAX's custom_vjp refuses forward mode with a bare
-    NotImplementedError from its ``jvp``/``lin`` methods (jax/_src/hijax.py)."""
-    if not isinstance(err, NotImplementedError):
+def _closes_over_differentiated(value: Any, depth: int = 3) -> bool:
+    """Whether a function (forward, backward, or one passed as a static argument) closes over a
+    value that JAX is differentiating: in its closure cells or default arguments, or, for a
+    ``functools.partial`` or a bound method, in what it binds."""
+    if depth == 0 or not callable(value):
         return False
-    frames = traceback.extract_tb(err.__traceback__)
-    return any(f.filename.endswith("hijax.py") and f.name in ("jvp", "lin", "linearized") for f in frames)
-
-
-def _closes_over_differentiated(function: Any) -> bool:
-    """Whether ``function`` closes over a value that JAX is differentiating (a JVP tracer)."""
-    cells = getattr(function, "__closure__", None) or ()
-    for cell in cells:
-        try:
-            leaves = jax.tree_util.tree_leaves(cell.cell_contents)
-        except ValueError:  # an empty cell
-            continue
-        if any(type(leaf).__name__ in _DIFFERENTIATING_TRACERS for leaf in leaves):
+    if isinstance(value, functools.partial):
+        held = [value.func, *value.args, *value.keywords.values()]
+    else:
+        cells = getattr(value, "__closure__", None) or ()
+        held = [_cell_contents(cell) for cell in cells]
+        held += list(getattr(value, "__defaults__", None) or ()) + list((getattr(value, "__kwdefaults__", None) or {}).values())
+        held += [getattr(value, "__self__", None)] if hasattr(value, "__func__") else []
+    for item in held:
+        leaves = jax.tree_util.tree_leaves(item)
+        if any(_jax_private.is_differentiating_tracer(leaf) for leaf in leaves):
+            return True
+        if any(_closes_over_differentiated(leaf, depth - 1) for leaf in leaves if callable(leaf)):
             return True
     return False
 
 
-# JAX's tracers of forward and reverse mode (jax._src.interpreters.ad; no public names).
-_DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 def _rebuild(name: str, forward_mode: bool, forward: Any, backward: Any, *rest: Any) -> AutogradFunction:
-    setup_context, host, output = rest
+    setup_context, host, output, jit = rest
     return AutogradFunction(
-        forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context, host=host, output=output
+        forward,
+        backward,
+        name=name,
+        forward_mode=forward_mode,
+        setup_context=setup_context,
+        host=host,
+        output=output,
+        jit=jit,
     )
 
 
 def _explain(err: Exception) -> str | None:
     """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
     text = str(err)
-    if _JVP_REFUSAL in text or _refused_by_hijax(err):
+    if _JVP_REFUSAL in text or _jax_private.refused_by_hijax(err):
         return _FORWARD_MODE_HELP
     if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
         return _CLOSURE_HELP
@@ -200,6 +214,7 @@ def autograd_function(
     setup_context: Callable[..., Any] | None = None,
     host: bool = False,
     output: Any = None,
+    jit: bool = False,
 ) -> AutogradFunction:
     """Make a differentiable JAX function from a ``forward`` and a ``backward``, as R torch does.
 
@@ -241,6 +256,10 @@ def autograd_function(
         (under ``jit``, ``grad`` and ``vmap``); backward is once-differentiable.
       output: with ``host=True``, the output's ``jax.ShapeDtypeStruct`` (pytree), checked
         against what forward returns; by default it is derived once by running forward on ones.
+      jit: compile eager calls (outside any JAX transformation) with ``jax.jit``, once per call
+        signature (static values keyed strictly). Without it, an eager call runs forward's
+        Python op by op, every time, as PyTorch does. Calls inside ``jit``/``grad``/``vmap`` are
+        the same either way.
 
     Returns:
       A callable ``jaxfn.AutogradFunction``.
@@ -259,7 +278,14 @@ def autograd_function(
     [2.]
     """
     return AutogradFunction(
-        forward, backward, name=name, forward_mode=forward_mode, setup_context=setup_context, host=host, output=output
+        forward,
+        backward,
+        name=name,
+        forward_mode=forward_mode,
+        setup_context=setup_context,
+        host=host,
+        output=output,
+        jit=jit,
     )
 
 
@@ -312,14 +338,16 @@ class Function:
     >>> float(jax.grad(Exp.apply)(0.0))
     1.0
 
-    The class name is the function's name in error messages; ``forward_mode = True`` as a class
-    attribute is ``autograd_function(..., forward_mode=True)``.
+    The class name is the function's name in error messages; ``forward_mode = True`` (and
+    ``jit``, ``host``, ``output``, ``setup_context``) as a class attribute is
+    ``autograd_function(..., forward_mode=True)``.
     """
 
     forward_mode: bool = False
     setup_context: Callable[..., Any] | None = None  # PyTorch 2's form: set it, and forward takes no ctx
     host: bool = False  # forward and backward in NumPy, through jax.pure_callback
     output: Any = None  # with host: the output's ShapeDtypeStruct (else derived once)
+    jit: bool = False  # compile eager calls with jax.jit, once per call signature
     _jaxfn: AutogradFunction | None = None
 
     def __init_subclass__(cls, **kwargs: Any):
@@ -335,6 +363,7 @@ class Function:
                 setup_context=cls.setup_context,
                 host=cls.host,
                 output=cls.output,
+                jit=cls.jit,
             )
 
     @classmethod

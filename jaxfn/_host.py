@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _arguments, _gradients, _host_values, _purity, _rule
+from . import _arguments, _gradients, _host_values, _jax_private, _rule
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, reraise_from_callback, type_name
@@ -127,7 +127,7 @@ def _callback(name: str, host: Callable[..., Any], specs: Any, *arrays: Any) -> 
 def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
     """The shapes of what the host forward returns and saves, learnt once per signature."""
     shapes = tuple((tuple(np.shape(a)), str(a.dtype)) for a in args.arrays)
-    key = (args.treedef, args.kinds, shapes, tuple(flags), _purity.x64())
+    key = (args.treedef, args.kinds, shapes, tuple(flags), _jax_private.x64())
     try:
         hash((key, args.statics))
         key = (key, args.statics)

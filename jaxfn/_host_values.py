@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _purity
+from . import _keys
 from ._errors import AutogradFunctionTypeError, error, type_name
 
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
@@ -30,7 +30,7 @@ from ._errors import AutogradFunctionTypeError, error, type_name
 @dataclasses.dataclass(frozen=True, eq=False)
 class Static:
     value: Any
-    key: Any  # _purity.value_key: tells apart what compares or prints alike
+    key: Any  # _keys.value_key: tells apart what compares or prints alike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +59,8 @@ def carry(name: str, value: Any) -> Any:
             return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
         return spec(value)
     try:
-        return Static(value, _purity.value_key(value))
-    except _purity.Uncacheable:
+        return Static(value, _keys.value_key(value))
+    except _keys.Unkeyable:
         raise error(AutogradFunctionTypeError, name, _CANT_CROSS.format(what=type_name(value))) from None
 
 
@@ -85,8 +85,8 @@ def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
     """Runs on the host after forward: a saved value as what crosses to backward ([] if nothing)."""
     if isinstance(carry, Static):
         try:
-            same = _purity.value_key(value) == carry.key
-        except _purity.Uncacheable:
+            same = _keys.value_key(value) == carry.key
+        except _keys.Unkeyable:
             same = False
         if not same:
             raise error(AutogradFunctionTypeError, name, changed(value, f"{carry.value!r}"))

@@ -46,3 +46,26 @@ def value_key(value: Any) -> Any:
     if kind is tuple:
         return kind, tuple(value_key(v) for v in value)
     raise Unkeyable
+
+
+def structure_key(treedef: Any) -> Any:
+    """A treedef with the static data of custom pytree nodes keyed strictly (``1`` and ``1.0`` differ)."""
+    node_type, _ = treedef.node_data() or (None, None)
+    children = treedef.children()
+    if node_type in (tuple, list, None) and all(child.num_nodes == 1 for child in children):
+        return treedef  # a tuple or list of leaves: equality is exact
+    return treedef, _aux_key(treedef)
+
+
+def _aux_key(treedef: Any) -> Any:
+    node_type, data = treedef.node_data() or (None, None)
+    return node_type, _data_key(data), tuple(_aux_key(child) for child in treedef.children())
+
+
+def _data_key(data: Any) -> Any:
+    if isinstance(data, (tuple, list)):
+        return type(data), tuple(_data_key(d) for d in data)
+    try:
+        return value_key(data)
+    except Unkeyable:
+        return type(data), data  # hashable aux data JAX already compares with ==

@@ -1,17 +1,10 @@
-"""Eager calls mean what the Python says (SPEC section 9): a compiled copy only where nobody can tell."""
+"""Eager calls mean what the Python says (SPEC section 9); ``jit=True`` is jax.jit's semantics."""
 
-import builtins
-import collections
 import dataclasses
-import enum
 import functools
 import gc
-import math
-import operator
 import pickle
-import sys
 import threading
-import types
 import weakref
 
 import jax
@@ -20,9 +13,8 @@ import numpy as np
 import pytest
 
 import jaxfn
-from jaxfn import _eager
 
-ROUNDS = 4  # enough calls of one key to get past tracing and validation to the compiled copy
+ROUNDS = 5  # more calls than any cache of old needed to switch to a compiled copy
 
 
 def _power_forward(ctx, x, power, *, offset=0.0):
@@ -32,10 +24,6 @@ def _power_forward(ctx, x, power, *, offset=0.0):
 
 def _no_backward(ctx, g):
     return None
-
-
-def _fill_forward(ctx, x, value):
-    return jnp.full(x.shape, value)
 
 
 SCALE = 2.0
@@ -49,140 +37,255 @@ def _double_backward(ctx, g):
     return g * 2
 
 
-def test_same_results_eager_jit_and_op_by_op():
+def test_same_results_eager_jit_true_and_under_jit():
     power = jaxfn.autograd_function(_power_forward, _no_backward, name="power")
+    compiled = jaxfn.autograd_function(_power_forward, _no_backward, name="power", jit=True)
+    under_jit = jax.jit(lambda x, p, offset: power(x, p, offset=offset), static_argnums=1)
     x = jnp.linspace(-1.0, 1.0, 5)
-    for _ in range(ROUNDS):
-        np.testing.assert_allclose(power(x, 3, offset=1.0), x**3 + 1.0, rtol=1e-12)
-    assert power._eager.states() == ["compiled"]
-    np.testing.assert_allclose(jax.jit(lambda x: power(x, 3, offset=1.0))(x), x**3 + 1.0, rtol=1e-12)
+    for f in (power, compiled, under_jit):
+        for _ in range(2):
+            np.testing.assert_allclose(f(x, 3, offset=1.0), x**3 + 1.0, rtol=1e-12)
 
 
-def test_first_call_runs_op_by_op_then_traces_then_compiles():
+def test_forward_runs_once_per_eager_call():
     calls = []
 
     def forward(ctx, x):
         calls.append(1)
         return x * 2
 
-    f = jaxfn.autograd_function(forward, _no_backward, name="double")
-    x = jnp.ones(3)
-    f(x)
-    assert f._eager.states() == ["seen"]
-    f(x)
-    assert f._eager.states() == ["traced"]
-    f(x)
-    # forward appends to a list it closes over: it reads mutable state, so it never compiles
-    assert f._eager.states() == ["op by op"]
-    for _ in range(3):
-        np.testing.assert_allclose(f(x), 2 * x)
-    assert len(calls) == 6  # once per call, as in PyTorch
-
-
-@pytest.mark.parametrize("values", [(1, 1.0, True, np.float32(1), np.int8(1)), (0.0, -0.0)])
-def test_statics_that_compare_equal_get_their_own_result(values):
-    fill = jaxfn.autograd_function(_fill_forward, _no_backward, name="fill")
-    x = jnp.ones(2)
-    expected = {i: jnp.full(x.shape, v) for i, v in enumerate(values)}
+    f = jaxfn.autograd_function(forward, _double_backward, name="counted")
     for _ in range(ROUNDS):
-        for i, value in enumerate(values):
-            got = fill(x, value)
-            assert got.dtype == expected[i].dtype, (value, got.dtype)
-            np.testing.assert_array_equal(got, expected[i])
-            assert np.array_equal(np.signbit(got), np.signbit(expected[i]))
+        f(jnp.ones(3))
+    assert len(calls) == ROUNDS
 
 
-def test_forward_drawing_from_numpy_random_draws_fresh_values_every_call():
-    def forward(ctx, x):
-        return x + np.random.standard_normal(x.shape)
-
-    f = jaxfn.autograd_function(forward, _no_backward, name="noisy")
-    results = [np.asarray(f(jnp.zeros(3))) for _ in range(6)]
-    assert len({r.tobytes() for r in results}) == 6
-    assert f._eager.states() == ["op by op"]
+# Each forward below reaches state that changes between calls through a different Python idiom;
+# the old eager cache (which read user code to decide when a compiled copy was safe) missed these.
+_STATE = {"scale": 1.0}
 
 
-def test_forward_reading_a_mutated_object_argument_sees_the_current_state():
-    class Config:
-        scale = 1.0
+def _other_forward(ctx, x):
+    return x * _STATE["scale"]
 
-    config = Config()
-    f = jaxfn.autograd_function(lambda ctx, x, cfg: x * cfg.scale, _no_backward, name="scaled")
-    for scale in [1.0, 2.0, 3.0, 4.0, 5.0]:
-        config.scale = scale
-        np.testing.assert_allclose(f(jnp.ones(2), config), [scale, scale])
-    assert len(f._eager) == 0  # an object argument is not cached at all
+
+_OTHER = jaxfn.autograd_function(_other_forward, _double_backward, name="other")
+
+
+@jax.custom_vjp
+def _vjp_helper(x):
+    return x * _STATE["scale"]
+
+
+_vjp_helper.defvjp(lambda x: (_vjp_helper(x), None), lambda r, g: (g,))
+
+
+@jax.custom_jvp
+def _jvp_helper(x):
+    return x * _STATE["scale"]
+
+
+_jvp_helper.defjvp(lambda p, t: (_jvp_helper(*p), t[0]))
+
+
+class _Scaler:
+    def __init__(self):
+        self.scale = _STATE["scale"]
+
+
+def _with_default(x, box=[]):  # noqa: B006 - the idiom under test
+    box.append(1)
+    return x * len(box)
+
+
+@pytest.mark.parametrize(
+    "forward",
+    [
+        lambda ctx, x: _OTHER(x),  # another jaxfn function
+        lambda ctx, x: _vjp_helper(x),  # a jax.custom_vjp helper
+        lambda ctx, x: _jvp_helper(x),  # a jax.custom_jvp helper
+        lambda ctx, x: x * _Scaler().scale,  # a class constructor
+        lambda ctx, x: x * np.random.default_rng().uniform(1.0, 2.0),  # random numbers
+    ],
+    ids=["jaxfn", "custom_vjp", "custom_jvp", "constructor", "random"],
+)
+def test_forward_sees_current_state_on_every_call(forward):
+    f = jaxfn.autograd_function(forward, _double_backward, name="stateful")
+    seen = set()
+    try:
+        for scale in range(1, ROUNDS + 1):
+            _STATE["scale"] = float(scale)
+            seen.add(float(f(jnp.ones(()))))
+    finally:
+        _STATE["scale"] = 1.0
+    assert len(seen) == ROUNDS
+
+
+def test_forward_with_a_helpers_mutable_default_counts_every_call():
+    f = jaxfn.autograd_function(lambda ctx, x: _with_default(x), _double_backward, name="default")
+    start = len(_with_default.__defaults__[0])
+    got = [float(f(jnp.ones(()))) for _ in range(ROUNDS)]
+    assert got == [float(start + i + 1) for i in range(ROUNDS)]
 
 
 def test_forward_reading_a_rebound_global_sees_the_new_value():
     global SCALE
     f = jaxfn.autograd_function(_scaled_forward, _double_backward, name="scaled")
     try:
-        for _ in range(ROUNDS):
-            np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
-        assert f._eager.states() == ["compiled"]
-        SCALE = 5.0
-        np.testing.assert_allclose(f(jnp.ones(2)), [5.0, 5.0])
+        for scale in range(1, ROUNDS + 1):
+            SCALE = float(scale)
+            assert float(f(jnp.ones(()))) == scale
     finally:
         SCALE = 2.0
-    np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
 
 
-def test_forward_closing_over_a_mutable_object_never_compiles():
-    table = np.ones(2)
-    f = jaxfn.autograd_function(lambda ctx, x: x * table, _no_backward, name="lookup")
-    for value in [1.0, 2.0, 3.0, 4.0, 5.0]:
-        table[:] = value
-        np.testing.assert_allclose(f(jnp.ones(2)), [value, value])
-
-
-def test_constant_arguments_inside_jit_do_not_use_the_eager_path():
-    def outer(y):
-        f = jaxfn.autograd_function(lambda ctx, x: x * y, lambda ctx, g: g * y, name="times_y")
-        return f(jnp.ones(2))  # constant arguments, but forward reads the traced y
-
-    jitted = jax.jit(outer)
-    if jax.config.jax_custom_vjp3:  # JAX's new custom_vjp refuses any closed-over tracer (README, Known limits)
-        with pytest.raises(jaxfn.AutogradFunctionError, match=r"'times_y': forward or backward reads a value"):
-            jitted(2.0)
-    else:
-        for y in [2.0, 3.0, 4.0]:
-            np.testing.assert_allclose(jitted(y), [y, y])
-    for transform in (jax.grad, lambda f: jax.jit(jax.grad(f))):
-        with pytest.raises(jaxfn.AutogradFunctionError, match=r"'times_y': forward or backward reads a value"):
-            transform(lambda y: outer(y).sum())(3.0)
-
-
-@pytest.mark.parametrize(
-    "forward, expected",
-    [
-        (lambda ctx, x: x[x > 0] * 2, lambda x: x[x > 0] * 2),
-        (lambda ctx, x: x.at[x > 0].set(0.0), lambda x: jnp.where(x > 0, 0.0, x)),
-        (lambda ctx, x: x * 2 if float(x.sum()) > 0 else -x, lambda x: x * 2 if float(x.sum()) > 0 else -x),
-        (lambda ctx, x: x[: int(x[0])], lambda x: x[: int(x[0])]),
-    ],
-    ids=["boolean index", "boolean .at", "branch on a value", "shape from a value"],
-)
-def test_value_dependent_forwards_run_op_by_op(forward, expected):
-    f = jaxfn.autograd_function(forward, _no_backward, name="value_dependent")
-    for x in [jnp.array([2.0, -1.0, 3.0]), jnp.array([1.0, 2.0, -3.0]), jnp.array([-2.0, -1.0, 0.5])] * 2:
-        np.testing.assert_allclose(f(x), expected(x))
-
-
-def test_value_dependent_forward_runs_once_on_its_first_call():
+def test_an_exception_in_forward_reaches_the_caller_on_every_call():
     calls = []
 
     def forward(ctx, x):
         calls.append(1)
-        return x[x > 0]
+        if len(calls) % 2 == 0:
+            raise RuntimeError(f"call {len(calls)} failed")
+        return x + 1
 
-    f = jaxfn.autograd_function(forward, _no_backward, name="positive")
-    f(jnp.array([1.0, -1.0]))
+    f = jaxfn.autograd_function(forward, _no_backward, name="flaky")
+    for i in range(1, 2 * ROUNDS + 1):
+        if i % 2 == 0:
+            with pytest.raises(RuntimeError, match=f"call {i} failed"):
+                f(jnp.ones(2))
+        else:
+            np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
+
+
+def test_value_dependent_forwards_work_eagerly():
+    f = jaxfn.autograd_function(lambda ctx, x: x[x > 0], _no_backward, name="positive")
+    np.testing.assert_allclose(f(jnp.array([-1.0, 2.0, 3.0])), [2.0, 3.0])
+    g = jaxfn.autograd_function(lambda ctx, x: x * 2 if float(x.sum()) > 0 else -x, _no_backward, name="branch")
+    assert float(g(jnp.ones(()))) == 2.0 and float(g(-jnp.ones(()))) == 1.0
+
+
+# -- jit=True ------------------------------------------------------------------------------------
+
+
+def test_jit_true_traces_forward_once_per_signature():
+    calls = []
+
+    def forward(ctx, x, c):
+        calls.append(1)
+        return x * c
+
+    f = jaxfn.autograd_function(forward, _no_backward, name="jitted", jit=True)
+    for _ in range(ROUNDS):
+        np.testing.assert_allclose(f(jnp.ones(3), 2.0), [2.0] * 3)
     assert len(calls) == 1
+    f(jnp.ones(4), 2.0)  # a new shape: a new signature
+    assert len(calls) == 2
+    for _ in range(ROUNDS):
+        np.testing.assert_allclose(f(jnp.ones(3), c=2.0), [2.0] * 3)
+    assert len(calls) == 2  # keyword or positional: the same signature
 
 
-def test_concurrent_eager_calls_from_threads():
-    power = jaxfn.autograd_function(_power_forward, _no_backward, name="power")
+@pytest.mark.parametrize("values", [(1, 1.0, True, np.float32(1), np.int8(1)), (0.0, -0.0)])
+def test_jit_true_keys_statics_that_compare_equal_apart(values):
+    f = jaxfn.autograd_function(lambda ctx, x, c: (x * c, c), _no_backward, name="keys", jit=True)
+    for value in values * 2:
+        out, back = f(jnp.ones(2), value)
+        assert type(back) is type(value) and repr(back) == repr(value)
+        np.testing.assert_allclose(out, np.ones(2) * value)
+        assert np.signbit(np.asarray(out)).all() == np.signbit(value)
+
+
+def test_jit_true_reads_python_state_when_a_signature_is_traced():
+    global SCALE
+    f = jaxfn.autograd_function(_scaled_forward, _double_backward, name="scaled", jit=True)
+    try:
+        assert float(f(jnp.ones(()))) == 2.0
+        SCALE = 5.0
+        assert float(f(jnp.ones(()))) == 2.0  # jax.jit's documented semantics
+        assert float(f(jnp.ones(2))[0]) == 5.0  # a new signature is traced with the new value
+    finally:
+        SCALE = 2.0
+
+
+def test_jit_true_keeps_python_outputs_and_pytree_arguments():
+    def forward(ctx, params, n, label):
+        return {"y": params["w"] * n, "n": n, "label": label}
+
+    f = jaxfn.autograd_function(forward, _no_backward, name="mixed", jit=True)
+    for _ in range(2):
+        out = f({"w": jnp.ones(2)}, 3, label="a")
+        assert out["n"] == 3 and type(out["n"]) is int and out["label"] == "a"
+        np.testing.assert_allclose(out["y"], [3.0, 3.0])
+
+
+def test_jit_true_function_with_python_outputs_on_the_all_array_call():
+    f = jaxfn.autograd_function(lambda ctx, x: (x + 1, "tag"), _no_backward, name="tagged", jit=True)
+    for _ in range(3):
+        y, tag = f(jnp.ones(2))
+        assert tag == "tag"
+        np.testing.assert_allclose(y, [2.0, 2.0])
+
+
+def test_jit_true_refuses_an_unhashable_static_argument():
+    f = jaxfn.autograd_function(lambda ctx, x, table: x * table[0], _no_backward, name="table", jit=True)
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'table': with jit=True each static argument .* but 'table' is an? ndarray, which is not; pass a "
+        r"hashable value .* or drop jit=True",
+    ):
+        f(jnp.ones(2), np.array(["a", "b"]))
+
+
+def test_jit_true_keys_hashable_objects_by_equality_as_jax_jit_does():
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        scale: float
+
+    calls = []
+
+    def forward(ctx, x, cfg):
+        calls.append(1)
+        return x * cfg.scale
+
+    f = jaxfn.autograd_function(forward, _no_backward, name="config", jit=True)
+    assert float(f(jnp.ones(()), Config(2.0))) == 2.0
+    assert float(f(jnp.ones(()), Config(2.0))) == 2.0
+    assert float(f(jnp.ones(()), Config(3.0))) == 3.0
+    assert len(calls) == 2
+
+
+def test_jit_true_on_a_function_class_and_gradients():
+    class Cube(jaxfn.Function):
+        jit = True
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * 3 * x**2
+
+    np.testing.assert_allclose(Cube.apply(jnp.full(2, 2.0)), [8.0, 8.0])
+    np.testing.assert_allclose(jax.grad(lambda x: Cube.apply(x).sum())(jnp.full(2, 2.0)), [12.0, 12.0])
+
+
+def test_jit_true_follows_the_x64_mode():
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, _no_backward, name="x64", jit=True)
+    with jax.enable_x64(False):
+        assert f(np.ones(2)).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert f(np.ones(2)).dtype == jnp.float64
+
+
+# -- both modes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_concurrent_eager_calls_from_threads(jit):
+    power = jaxfn.autograd_function(_power_forward, _no_backward, name="power", jit=jit)
     errors = []
 
     def work(seed):
@@ -202,14 +305,15 @@ def test_concurrent_eager_calls_from_threads():
     assert errors == []
 
 
-def test_functions_pickle_before_and_after_eager_calls():
-    f = jaxfn.autograd_function(_scaled_forward, _double_backward, name="scaled")
+@pytest.mark.parametrize("jit", [False, True])
+def test_functions_pickle_before_and_after_eager_calls(jit):
+    f = jaxfn.autograd_function(_scaled_forward, _double_backward, name="scaled", jit=jit)
     again = pickle.loads(pickle.dumps(f))
     for _ in range(ROUNDS):
         f(jnp.ones(2))
     after = pickle.loads(pickle.dumps(f))
     for g in (again, after):
-        assert g.name == "scaled"
+        assert g.name == "scaled" and g.jit == jit
         np.testing.assert_allclose(g(jnp.ones(2)), [2.0, 2.0])
         np.testing.assert_allclose(jax.grad(lambda x, g=g: g(x).sum())(jnp.ones(2)), [2.0, 2.0])
 
@@ -230,27 +334,8 @@ def test_static_arguments_are_not_kept_alive():
     assert ref() is None
 
 
-def test_a_function_re_created_in_a_loop_shares_its_compiled_forward():
-    x = jnp.ones(4)
-    for _ in range(2 * ROUNDS):
-        f = jaxfn.autograd_function(_scaled_forward, _double_backward, name="scaled_in_loop")
-        np.testing.assert_allclose(f(x), 2 * x)
-    assert _eager.path_for(_scaled_forward).states()[-1] == "compiled"
-
-
-def test_cache_is_bounded():
-    power = jaxfn.autograd_function(_power_forward, _no_backward, name="power_bounded")
-    path = power._eager
-    old, path.max_entries = path.max_entries, 4
-    try:
-        for n in range(1, 12):
-            np.testing.assert_allclose(power(jnp.ones(n), 2), jnp.ones(n))
-        assert len(path) <= 4
-    finally:
-        path.max_entries = old
-
-
-def test_a_failing_forward_leaves_the_function_working():
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_failing_forward_leaves_the_function_working(jit):
     calls = []
 
     def forward(ctx, x):
@@ -259,377 +344,22 @@ def test_a_failing_forward_leaves_the_function_working():
             return "not an array"
         return x + 1
 
-    f = jaxfn.autograd_function(forward, _no_backward, name="flaky")
-    with pytest.raises(jaxfn.AutogradFunctionError):
+    f = jaxfn.autograd_function(forward, _no_backward, name="flaky", jit=jit)
+    with pytest.raises(jaxfn.AutogradFunctionError, match="forward must return arrays"):
         f(jnp.ones(2))
     for _ in range(ROUNDS):
         np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
 
 
-def test_traced_calls_do_not_use_the_eager_path():
-    def forward(ctx, x, power):
-        return x**power
-
-    f = jaxfn.autograd_function(forward, lambda ctx, g: {"x": g * 2}, name="power_traced")
-    assert float(jax.grad(lambda x: f(x, 2))(3.0)) == 2.0  # backward ran: not the cached primal
-    jax.jit(lambda x: f(x, 2))(jnp.ones(2))
-    jax.vmap(lambda x: f(x, 2))(jnp.ones(2))
-    assert len(f._eager) == 0
-
-
-def test_forward_branching_on_numpy_random_never_compiles():
-    def forward(ctx, x):
-        return x * 2.0 if np.random.rand() < 0.5 else x * 3.0
-
-    f = jaxfn.autograd_function(forward, _no_backward, name="coin")
-    np.random.seed(0)
-    got = {float(f(jnp.ones(1))[0]) for _ in range(40)}
-    assert got == {2.0, 3.0}
-
-
-settings = types.ModuleType("user_settings")  # a user's config module
-settings.scale = 2.0
-
-
-class _Scaled(jaxfn.Function):
-    k = 2.0
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * _Scaled.k * settings.scale
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-def test_attributes_of_a_user_module_or_class_are_re_checked():
-    try:
-        for _ in range(ROUNDS):
-            np.testing.assert_allclose(_Scaled.apply(jnp.ones(2)), [4.0, 4.0])
-        settings.scale = 5.0
-        np.testing.assert_allclose(_Scaled.apply(jnp.ones(2)), [10.0, 10.0])
-        _Scaled.k = 3.0
-        np.testing.assert_allclose(_Scaled.apply(jnp.ones(2)), [15.0, 15.0])
-    finally:
-        settings.scale, _Scaled.k = 2.0, 2.0
-
-
-def test_x64_mode_is_part_of_the_key():
-    f = jaxfn.autograd_function(lambda ctx, x: x * 1.5, _no_backward, name="widen")
-    x = np.arange(3, dtype=np.int32)
-    with jax.enable_x64(False):
-        for _ in range(ROUNDS):
-            assert f(jnp.asarray(x)).dtype == jnp.float32
-    with jax.enable_x64(True):
-        assert f(jnp.asarray(x)).dtype == jnp.float64
-
-
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["x"], meta_fields=["sign"])
-@dataclasses.dataclass
-class _Signed:
-    x: jax.Array
-    sign: float
-
-
-def test_static_pytree_fields_that_compare_equal_get_their_own_result():
-    f = jaxfn.autograd_function(lambda ctx, p: p.x * math.copysign(1.0, p.sign), _no_backward, name="signed")
-    for _ in range(ROUNDS):
-        for sign, want in ((0.0, 1.0), (-0.0, -1.0)):
-            np.testing.assert_allclose(f(_Signed(jnp.ones(2), sign)), [want, want])
-
-
-def test_nan_and_negative_nan_are_different_keys():
-    f = jaxfn.autograd_function(lambda ctx, x, v: x * math.copysign(1.0, v), _no_backward, name="nan_sign")
-    for _ in range(ROUNDS):
-        np.testing.assert_allclose(f(jnp.ones(1), float("nan")), [1.0])
-        np.testing.assert_allclose(f(jnp.ones(1), -float("nan")), [-1.0])
-
-
-class _BaseSettings:
-    k = 2.0
-
-
-class _Settings(_BaseSettings):
-    pass
-
-
-deep = types.ModuleType("user_deep_settings")
-deep.model = types.ModuleType("user_deep_settings.model")
-deep.model.layer = types.ModuleType("user_deep_settings.model.layer")
-deep.model.layer.scale = 2.0
-SCALES = {"G": 2.0}
-
-
-@pytest.mark.parametrize(
-    "forward, rebind, restore",
-    [
-        (
-            lambda ctx, x: x * _Settings.k,
-            lambda: setattr(_BaseSettings, "k", 5.0),
-            lambda: setattr(_BaseSettings, "k", 2.0),
-        ),
-        (
-            lambda ctx, x: x * deep.model.layer.scale,
-            lambda: setattr(deep.model.layer, "scale", 5.0),
-            lambda: setattr(deep.model.layer, "scale", 2.0),
-        ),
-        (
-            lambda ctx, x: x * getattr(settings, "scale"),  # noqa: B009 - the point: a read by string
-            lambda: setattr(settings, "scale", 5.0),
-            lambda: setattr(settings, "scale", 2.0),
-        ),
-        (
-            lambda ctx, x: x * globals()["SCALE"],
-            lambda: globals().__setitem__("SCALE", 5.0),
-            lambda: globals().__setitem__("SCALE", 2.0),
-        ),
-    ],
-    ids=["inherited class attribute", "attribute three deep", "getattr", "globals()"],
-)
-def test_reads_through_bases_chains_and_namespaces_follow_the_python(forward, rebind, restore):
-    f = jaxfn.autograd_function(forward, _no_backward, name="reads")
-    try:
-        for _ in range(ROUNDS):
-            np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
-        rebind()
-        np.testing.assert_allclose(f(jnp.ones(2)), [5.0, 5.0])
-    finally:
-        restore()
-
-
-class _Config:
-    scale = 2.0
-
-    class Inner:
-        k = 2.0
-
-
-class _Mode(enum.Enum):
-    A = "a"
-
-
-_Mode.A.factor = 2.0
-CONFIGS = (_Config,)
-stdlib_named = types.ModuleType("tabnanny")  # a user's module that shares a standard module's name
-stdlib_named.__file__ = "/home/user/project/tabnanny.py"
-stdlib_named.scale = 2.0
-
-
-def _times_scale(x, cfg):
-    return x * cfg.scale
-
-
-def _late_forward(ctx, x, _):
-    try:
-        return x * LATE_SCALE  # noqa: F821 - defined by the test, after the compiled copy is made
-    except NameError:
-        return x * 2.0
-
-
-@pytest.mark.parametrize(
-    "forward, static, rebind, restore",
-    [
-        (
-            lambda ctx, x, cfg: x * cfg.scale,
-            _Config,
-            lambda: setattr(_Config, "scale", 5.0),
-            lambda: setattr(_Config, "scale", 2.0),
-        ),
-        (
-            lambda ctx, x, cfg: _times_scale(x, cfg),
-            _Config,
-            lambda: setattr(_Config, "scale", 5.0),
-            lambda: setattr(_Config, "scale", 2.0),
-        ),
-        (
-            lambda ctx, x, cfg: x * cfg.Inner.k,
-            _Config,
-            lambda: setattr(_Config.Inner, "k", 5.0),
-            lambda: setattr(_Config.Inner, "k", 2.0),
-        ),
-        (
-            lambda ctx, x, mode: x * mode.factor,
-            _Mode.A,
-            lambda: setattr(_Mode.A, "factor", 5.0),
-            lambda: setattr(_Mode.A, "factor", 2.0),
-        ),
-        (
-            lambda ctx, x, _: x * CONFIGS[0].scale,
-            None,
-            lambda: setattr(_Config, "scale", 5.0),
-            lambda: setattr(_Config, "scale", 2.0),
-        ),
-        (
-            lambda ctx, x, _: x * stdlib_named.scale,
-            None,
-            lambda: setattr(stdlib_named, "scale", 5.0),
-            lambda: setattr(stdlib_named, "scale", 2.0),
-        ),
-        (
-            _late_forward,
-            None,
-            lambda: globals().__setitem__("LATE_SCALE", 5.0),
-            lambda: globals().pop("LATE_SCALE"),
-        ),
-    ],
-    ids=[
-        "class argument",
-        "class argument read by a helper",
-        "class inside a class argument",
-        "enum member argument",
-        "tuple of classes",
-        "module with a standard module's name",
-        "global defined later",
-    ],  # fmt: skip
-)
-def test_reads_through_static_arguments_and_later_globals_follow_the_python(forward, static, rebind, restore):
-    f = jaxfn.autograd_function(forward, _no_backward, name="reads")
-    try:
-        for _ in range(ROUNDS):
-            np.testing.assert_allclose(f(jnp.ones(2), static), [2.0, 2.0])
-        rebind()
-        for _ in range(ROUNDS):
-            np.testing.assert_allclose(f(jnp.ones(2), static), [5.0, 5.0])
-    finally:
-        restore()
-
-
-def _rescaled(fn):
-    @functools.wraps(fn)
-    def wrapper(ctx, *args):
-        return fn(ctx, *args)
-
-    return wrapper
-
-
-@_rescaled
-def _decorated_forward(ctx, x, _):
-    return x * SCALE
-
-
-def _scale_helper(x):
-    return x * SCALE
-
-
-class _Named(collections.namedtuple("_Named", "a")):
-    k = 2.0
-
-
-NAMED = _Named(1.0)
-_Chain = type("_Chain", (), {"a": type("_A", (), {"b": type("_B", (), {"c": type("_C", (), {"d": 2.0})})})})
-
-
-@pytest.mark.parametrize(
-    "forward, rebind, restore",
-    [
-        (_decorated_forward, lambda: globals().__setitem__("SCALE", 5.0), lambda: globals().__setitem__("SCALE", 2.0)),
-        (
-            lambda ctx, x, _: _scale_helper(x),
-            lambda: globals().__setitem__("SCALE", 5.0),
-            lambda: globals().__setitem__("SCALE", 2.0),
-        ),
-        (lambda ctx, x, _: x * NAMED.k, lambda: setattr(_Named, "k", 5.0), lambda: setattr(_Named, "k", 2.0)),
-        (
-            lambda ctx, x, _: x * sys.modules[__name__].SCALE,
-            lambda: globals().__setitem__("SCALE", 5.0),
-            lambda: globals().__setitem__("SCALE", 2.0),
-        ),
-        (
-            lambda ctx, x, _: x * operator.attrgetter("scale")(settings),
-            lambda: setattr(settings, "scale", 5.0),
-            lambda: setattr(settings, "scale", 2.0),
-        ),
-        (
-            lambda ctx, x, _: x * abs(-2.0),
-            lambda: setattr(builtins, "abs", lambda v: 5.0),
-            lambda: setattr(builtins, "abs", _ABS),
-        ),
-        (
-            lambda ctx, x, c: x * c.a.b.c.d,
-            lambda: setattr(_Chain.a.b.c, "d", 5.0),
-            lambda: setattr(_Chain.a.b.c, "d", 2.0),
-        ),
-    ],
-    ids=[
-        "decorated forward",
-        "helper's global",
-        "namedtuple class attribute",
-        "sys.modules",
-        "attrgetter",
-        "patched builtin",
-        "five attributes deep",
-    ],  # fmt: skip
-)
-def test_reads_through_wrappers_helpers_and_namespaces_follow_the_python(forward, rebind, restore):
-    f = jaxfn.autograd_function(forward, _no_backward, name="reads")
-    try:
-        for _ in range(ROUNDS):
-            np.testing.assert_allclose(f(jnp.ones(2), _Chain), [2.0, 2.0])
-        rebind()
-        np.testing.assert_allclose(f(jnp.ones(2), _Chain), [5.0, 5.0])
-    finally:
-        restore()
-
-
-_ABS = abs
-
-
-def test_a_module_imported_inside_forward_is_read_afresh(tmp_path, monkeypatch):
-    (tmp_path / "user_config_module.py").write_text("scale = 2.0\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def forward(ctx, x):
-        import user_config_module
-
-        return x * user_config_module.scale
-
-    f = jaxfn.autograd_function(forward, _no_backward, name="imports")
-    for _ in range(ROUNDS):
-        np.testing.assert_allclose(f(jnp.ones(2)), [2.0, 2.0])
-    sys.modules["user_config_module"].scale = 5.0
-    np.testing.assert_allclose(f(jnp.ones(2)), [5.0, 5.0])
-    monkeypatch.delitem(sys.modules, "user_config_module")
-
-
-def test_jax_settings_are_part_of_the_key():
-    f = jaxfn.autograd_function(lambda ctx, x, y: x + y, _no_backward, name="promotes")
-    x, y = jnp.ones(3), jnp.ones((2, 3))
-    for _ in range(ROUNDS):
-        assert f(x, y).shape == (2, 3)
-    with jax.numpy_rank_promotion("raise"):  # as forward's Python would: refused
-        with pytest.raises(ValueError, match="could not be broadcast"):
-            f(x, y)
-    with jax.numpy_dtype_promotion("strict"):
-        with pytest.raises(Exception, match="no available implicit dtype promotion path"):  # noqa: PT011
-            f(x, jnp.ones(3, jnp.int32))
-
-
-def test_record_dtypes_with_different_fields_are_different_keys():
-    def forward(ctx, x, dtype):
-        return x * len(dtype.names[0])
-
-    f = jaxfn.autograd_function(forward, _no_backward, name="records")
-    for _ in range(ROUNDS):
-        np.testing.assert_allclose(f(jnp.ones(1), np.dtype([("a", "<f4")])), [1.0])
-        np.testing.assert_allclose(f(jnp.ones(1), np.dtype([("bb", "<f4")])), [2.0])
-
-
-class _Bits(enum.IntFlag):
-    A = 1
-
-
-@pytest.mark.parametrize(
-    "first, second, read",
-    [
-        (_Bits(4), _Bits(8), int),  # unnamed members of a flag: name None for both
-        (np.dtype(("f8", (2,))), np.dtype(("f4", (4,))), lambda d: d.shape[0]),  # both print as |V16
-        (np.dtype("f4", metadata={"s": 2}), np.dtype("f4", metadata={"s": 3}), lambda d: d.metadata["s"]),
-    ],
-    ids=["flag values", "subarray dtypes", "dtype metadata"],
-)
-def test_static_values_that_look_alike_get_their_own_result(first, second, read):
-    f = jaxfn.autograd_function(lambda ctx, x, v: x * read(v), _no_backward, name="alike")
-    for _ in range(ROUNDS):
-        np.testing.assert_allclose(f(jnp.ones(1), first), [read(first)])
-        np.testing.assert_allclose(f(jnp.ones(1), second), [read(second)])
+@pytest.mark.parametrize("jit", [False, True])
+def test_traced_calls_go_through_backward(jit):
+    f = jaxfn.autograd_function(lambda ctx, x, p: x**p, lambda ctx, g: {"x": g * 2}, name="power", jit=jit)
+    assert float(jax.grad(lambda x: f(x, 2))(3.0)) == 2.0  # backward ran, not forward's own math
+    np.testing.assert_allclose(jax.jit(lambda x: f(x, 2))(jnp.full(2, 3.0)), [9.0, 9.0])
+    np.testing.assert_allclose(jax.vmap(lambda x: f(x, 2))(jnp.full(2, 3.0)), [9.0, 9.0])
+
+
+def test_partial_and_keyword_calls_bind_as_python_does():
+    power = jaxfn.autograd_function(_power_forward, _no_backward, name="power")
+    square = functools.partial(power, power=2)
+    np.testing.assert_allclose(square(jnp.full(2, 3.0), offset=1.0), [10.0, 10.0])

@@ -17,7 +17,6 @@ LAYERS = [
     "_gradients",
     "_linearity",
     "_rule",
-    "_purity",
     "_reverse_mode",
     "_forward_mode",
     "_eager",
