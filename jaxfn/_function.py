@@ -15,16 +15,17 @@ from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, re
 _JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
 
 _FORWARD_MODE_HELP = (
-    "it was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize), but it "
-    "defines a backward (reverse mode) only, and jax.custom_vjp refuses forward mode. Use "
-    "reverse mode (jax.grad, jax.vjp, jax.jacrev), or build it with "
-    "jaxfn.autograd_function(forward, backward, forward_mode=True) (or forward_mode = True on a "
-    "jaxfn.Function) so that the same backward also gives forward mode"
+    "it was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or jax.hessian and jax.jvp of "
+    "jax.grad, which differentiate its gradient in forward mode), but it defines a backward (reverse mode) only, "
+    "and jax.custom_vjp refuses forward mode. Use reverse mode (jax.grad, jax.vjp, jax.jacrev; second "
+    "derivatives as jax.jacrev(jax.jacrev(f))), or build it with jaxfn.autograd_function(forward, backward, "
+    "forward_mode=True) (or forward_mode = True on a jaxfn.Function) so that the same backward also gives "
+    "forward mode"
 )
 
 _CLOSURE_HELP = (
-    "forward or backward reads a value that JAX is tracing from outside its arguments (it closes over "
-    "a value being differentiated, or keeps one from another trace), but a custom rule can only give "
+    "forward or backward (or a function passed to it as an argument) reads a value that JAX is tracing from "
+    "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), but a custom rule can only give "
     "gradients for its own parameters, so that gradient would be lost; pass the value to the function "
     "as an argument instead"
 )
@@ -122,9 +123,15 @@ class AutogradFunction:
         statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
         if any(map(_closes_over_differentiated, (self.forward, self.backward, *statics))):
             raise error(AutogradFunctionTypeError, self.name, _CLOSURE_HELP)
+        call = self._build(self._definition, arguments.structure())  # keeps no reference to the arrays
+        arrays = _rule.vary_together(arguments, arguments.arrays)
         try:
-            call = self._build(self._definition, arguments.structure())  # keeps no reference to the arrays
-            return call(*_rule.vary_together(arguments, arguments.arrays))
+            try:
+                return call(*arrays)
+            except NotImplementedError as err:
+                if not _jax_private.refused_in_eager_shard_map(err):
+                    raise
+            return jax.jit(call)(*arrays)  # inside an un-jitted jax.shard_map
         except AutogradFunctionError:
             raise
         except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words

@@ -46,3 +46,10 @@ def refused_by_hijax(err: Exception) -> bool:
         return False
     frames = traceback.extract_tb(err.__traceback__)
     return any(f.filename.endswith("hijax.py") and f.name in ("jvp", "lin", "linearized") for f in frames)
+
+
+def refused_in_eager_shard_map(err: Exception) -> bool:
+    """Whether ``err`` is JAX's refusal of a custom_vjp with symbolic zeros inside an un-jitted
+    ``jax.shard_map`` (it has no public type: its message names the case). Under ``jax.jit``
+    the same function works, so jaxfn calls it through ``jax.jit`` there."""
+    return isinstance(err, NotImplementedError) and "symbolic_zeros support with shard_map" in str(err)

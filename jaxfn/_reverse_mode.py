@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.core import Tracer
 from jax.custom_derivatives import CustomVJPPrimal
 
 from . import _arguments, _rule
@@ -44,6 +45,8 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         infos.append(info)
         saved, remainder = ctx.to_residuals()
         traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
+        if any(isinstance(a, Tracer) for a in arrays):
+            out = primal(*arrays)  # an outer trace differentiates the output through backward too
         return tuple(out), (saved, jnp.zeros((0, len(traces) - 1), jnp.uint8))
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:

@@ -1,5 +1,6 @@
 """jaxfn functions inside vmap, scan, checkpoint, nested calls, and higher-order derivatives."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -53,10 +54,67 @@ def test_reverse_over_reverse(maybe_jit):
     check_grads(my_sin, (X,), order=2, modes=["rev"])
 
 
-def test_forward_over_reverse():
-    np.testing.assert_allclose(jax.hessian(lambda x: my_sin(x).sum())(X), jnp.diag(-jnp.sin(X)), atol=1e-15)
-    _, tangent = jax.jvp(jax.grad(lambda x: my_sin(x).sum()), (X,), (jnp.ones(3),))
-    np.testing.assert_allclose(tangent, -jnp.sin(X), rtol=1e-12)
+@pytest.mark.parametrize(
+    "forward_over_reverse",
+    [
+        lambda f: jax.hessian(lambda x: f(x).sum())(X),
+        lambda f: jax.jvp(jax.grad(lambda x: f(x).sum()), (X,), (jnp.ones(3),)),
+    ],
+    ids=["hessian", "jvp of grad"],
+)
+def test_forward_over_reverse_is_refused_in_the_default_mode_naming_the_fixes(forward_over_reverse):
+    """The gradient's own derivative goes through backward (SPEC section 12), which the default mode
+    has in reverse mode only: forward over reverse is refused in jaxfn's words."""
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'my_sin': it was differentiated in forward mode .*jax.hessian.* second derivatives as "
+        r"jax.jacrev\(jax.jacrev\(f\)\).*forward_mode=True",
+    ):
+        forward_over_reverse(my_sin)
+    sin_fm = jaxfn.autograd_function(my_sin.forward, my_sin.backward, name="my_sin", forward_mode=True)
+    np.testing.assert_allclose(jax.hessian(lambda x: sin_fm(x).sum())(X), jnp.diag(-jnp.sin(X)), atol=1e-15)
+    np.testing.assert_allclose(jax.jacrev(jax.jacrev(lambda x: my_sin(x).sum()))(X), jnp.diag(-jnp.sin(X)), atol=1e-15)
+
+
+def _ste_round(forward_mode):
+    called = []
+
+    def backward(ctx, g):
+        called.append(True)
+        return g
+
+    return jaxfn.autograd_function(lambda ctx, x: jnp.round(x), backward, name="ste", forward_mode=forward_mode), called
+
+
+@pytest.mark.parametrize("forward_mode", [False, True])
+def test_the_output_of_an_inner_differentiation_is_differentiated_through_backward(maybe_jit, forward_mode):
+    """jax.grad of value_and_grad's value equals jax.grad (SPEC section 12): the straight-through
+    gradient, never forward's own math (round's derivative, 0)."""
+    ste, called = _ste_round(forward_mode)
+    f = lambda x: (ste(x) * jnp.array([3.0, -2.0])).sum()
+    x = jnp.array([1.3, 0.2])
+    outer = maybe_jit(jax.grad(lambda x: jax.value_and_grad(f)(x)[0]))(x)
+    np.testing.assert_allclose(outer, [3.0, -2.0])
+    np.testing.assert_allclose(outer, jax.grad(f)(x))
+    assert called
+
+
+def test_second_and_third_reverse_derivatives_match_plain_math(maybe_jit):
+    square = lambda f: (lambda x: f(x) * f(x))
+    for order in (2, 3):
+        got, want = square(my_sin), square(jnp.sin)
+        for _ in range(order):
+            got, want = jax.grad(got), jax.grad(want)
+        np.testing.assert_allclose(maybe_jit(got)(0.7), want(0.7), rtol=1e-10)
+
+
+def test_a_function_passed_as_an_argument_closing_over_a_differentiated_value_is_refused(maybe_jit):
+    apply = jaxfn.autograd_function(lambda ctx, x, fn: fn(x), lambda ctx, g: {"x": g}, name="apply")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'apply': forward or backward \(or a function passed"):
+        maybe_jit(jax.grad(lambda w: apply(X, lambda y: y * w).sum()))(2.0)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'apply': forward or backward \(or a function passed"):
+        maybe_jit(jax.grad(lambda w: apply(X, functools.partial(jnp.multiply, w)).sum()))(2.0)
+    np.testing.assert_allclose(jax.jit(lambda w: apply(X, lambda y: y * w))(2.0), 2 * X)  # not differentiated
 
 
 def test_scan(maybe_jit):
