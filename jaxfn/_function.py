@@ -25,9 +25,9 @@ _FORWARD_MODE_HELP = (
 
 _CLOSURE_HELP = (
     "forward or backward (or a function passed to it as an argument) reads a value that JAX is tracing from "
-    "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), but a custom rule can only give "
-    "gradients for its own parameters, so that gradient would be lost; pass the value to the function "
-    "as an argument instead"
+    "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), "
+    "but a custom rule can only give gradients for its own parameters, so that gradient would be lost; pass "
+    "the value to the function as an argument instead"
 )
 
 
@@ -170,7 +170,9 @@ def _closes_over_differentiated(value: Any, depth: int = 3) -> bool:
     else:
         cells = getattr(value, "__closure__", None) or ()
         held = [_cell_contents(cell) for cell in cells]
-        held += list(getattr(value, "__defaults__", None) or ()) + list((getattr(value, "__kwdefaults__", None) or {}).values())
+        held += list(getattr(value, "__defaults__", None) or ()) + list(
+            (getattr(value, "__kwdefaults__", None) or {}).values()
+        )
         held += [getattr(value, "__self__", None)] if hasattr(value, "__func__") else []
     for item in held:
         leaves = jax.tree_util.tree_leaves(item)

@@ -43,7 +43,7 @@ def value_key(value: Any) -> Any:
             return kind, value.name
     if isinstance(value, type):
         return type, value
-    if kind is tuple:
+    if isinstance(value, tuple) and kind is tuple:  # not a namedtuple: its class may compare fields differently
         return kind, tuple(value_key(v) for v in value)
     raise Unkeyable
 

@@ -79,9 +79,11 @@ def plain_linear_free(input, weight, bias=None):
 D_IN, H, D_OUT, LR = 1000, 100, 10, 1e-6
 
 
-def make_jaxfn_relu(forward_mode=False):
+def make_jaxfn_relu(forward_mode=False, jit=False):
     """The tutorial's my_relu, written with jaxfn (a fresh function each call)."""
-    return jaxfn.autograd_function(_my_relu_forward, _my_relu_backward, name="my_relu", forward_mode=forward_mode)
+    return jaxfn.autograd_function(
+        _my_relu_forward, _my_relu_backward, name="my_relu", forward_mode=forward_mode, jit=jit
+    )
 
 
 def make_custom_vjp_relu():

@@ -100,7 +100,7 @@ def test_the_output_of_an_inner_differentiation_is_differentiated_through_backwa
 
 
 def test_second_and_third_reverse_derivatives_match_plain_math(maybe_jit):
-    square = lambda f: (lambda x: f(x) * f(x))
+    square = lambda f: lambda x: f(x) * f(x)
     for order in (2, 3):
         got, want = square(my_sin), square(jnp.sin)
         for _ in range(order):
