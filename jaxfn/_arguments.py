@@ -12,6 +12,7 @@ Only DIFF and ARRAY leaves are given to JAX; STATIC leaves stay on the Python si
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import inspect
@@ -20,9 +21,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from jax.tree_util import (
+    DictKey,
+    FlattenedIndexKey,
+    GetAttrKey,
+    SequenceKey,
+    keystr,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_structure,
+    tree_unflatten,
+)
 
-from ._errors import AutogradFunctionTypeError, error
+from ._errors import AutogradFunctionTypeError, error, type_name
 
 DIFF, ARRAY, STATIC = "differentiable", "array", "static"
 
@@ -78,10 +89,15 @@ class Arguments:
 
     @functools.cached_property
     def paths(self) -> tuple[str, ...]:
-        """One per leaf: 'params['w']'-style, for messages."""
-        skeleton = tree_unflatten(self.treedef, [None] * self.treedef.num_leaves)
-        with_paths, _ = tree_flatten_with_path(skeleton, is_leaf=lambda x: x is None)
-        return tuple(self.names[path[0].idx] + keystr(path[1:]) for path, _ in with_paths)
+        """One per leaf: 'params['w']'-style, for messages. From the call's own values where this
+        ``Arguments`` holds them, else from the structure alone (``key_paths``): never by
+        rebuilding the user's pytree nodes around placeholders they may refuse."""
+        if self.arrays or not self.array_positions:
+            with_paths, _ = tree_flatten_with_path(tuple(self.values(self.arrays)))
+            key_paths_ = [path for path, _ in with_paths]
+        else:
+            key_paths_ = key_paths(self.treedef)
+        return tuple(self.names[path[0].idx] + keystr(tuple(path[1:])) for path in key_paths_)
 
     @functools.cached_property
     def slots(self) -> tuple[tuple[int, int | None], ...]:
@@ -114,6 +130,12 @@ class Arguments:
         for position, array in zip(self.array_positions, arrays):
             leaves[position] = array
         return list(tree_unflatten(self.treedef, leaves))
+
+    @property
+    def has_containers(self) -> bool:
+        """Whether some parameter is a pytree node (a dict, list, dataclass...), not one bare leaf:
+        a tuple of n leaves has n + 1 nodes, so this costs two attribute reads."""
+        return self.treedef.num_nodes != len(self.kinds) + 1
 
     def needs_input_grad(self, perturbed: Any) -> tuple[dict[str, bool], tuple[bool, ...]]:
         """From one flag per array, the flags per parameter name and per slot (see ``slots``)."""
@@ -199,3 +221,83 @@ def call_forward(
     ctx_name = next(iter(signature.parameters))
     bound = inspect.BoundArguments(signature, {ctx_name: ctx, **dict(zip(names, values))})  # type: ignore[arg-type]
     return forward(*bound.args, **bound.kwargs)
+
+
+def key_paths(treedef: Any) -> list[tuple[Any, ...]]:
+    """One key path per leaf of ``treedef``, from the structure alone.
+
+    Python's containers give their keys from their type and aux data. Another node (a
+    registered class) gives its own keys when it can be rebuilt around placeholder leaves; a
+    node whose unflatten refuses them (it checks or converts its children) is keyed by
+    position, ``[0]``, ``[1]``..., below which the keys of its children go on as usual.
+    """
+    if treedef.num_nodes == 1:
+        return [()] if treedef.num_leaves == 1 else []
+    children = treedef.children()
+    node_type, aux = treedef.node_data()
+    keys = _container_keys(node_type, aux, len(children))
+    if keys is None:
+        whole = _placeholder_paths(treedef)
+        if whole is not None:
+            return whole
+        keys = [FlattenedIndexKey(i) for i in range(len(children))]
+    return [(key, *path) for key, child in zip(keys, children) for path in key_paths(child)]
+
+
+def _container_keys(node_type: type, aux: Any, count: int) -> list[Any] | None:
+    if node_type in (tuple, list):
+        return [SequenceKey(i) for i in range(count)]
+    if node_type in (dict, collections.OrderedDict):
+        return [DictKey(k) for k in aux]
+    if node_type is collections.defaultdict:
+        return [DictKey(k) for k in aux[1]]
+    fields = getattr(node_type, "_fields", None)
+    if issubclass(node_type, tuple) and fields is not None:  # a namedtuple
+        return [GetAttrKey(field) for field in fields]
+    return None
+
+
+class _Placeholder:
+    """A leaf standing in for a value, to read a node's keys from an instance of it."""
+
+
+def _placeholder_paths(treedef: Any) -> list[tuple[Any, ...]] | None:
+    placeholders = [_Placeholder() for _ in range(treedef.num_leaves)]
+    try:
+        tree = tree_unflatten(treedef, placeholders)
+    except Exception:  # noqa: BLE001 - a node that refuses placeholders is keyed by position instead
+        return None
+    with_paths, _ = tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, _Placeholder))
+    if len(with_paths) != len(placeholders) or any(a is not b for (_, a), b in zip(with_paths, placeholders)):
+        return None
+    return [path for path, _ in with_paths]
+
+
+def refuse_writes(function: str, names: tuple[str, ...], values: list[Any], before: tuple[list[Any], Any]) -> None:
+    """Raise if forward changed a container it was handed (a key added to a dict, an element
+    appended to or replaced in a list, an attribute of a registered dataclass set): ``values``
+    are the parameter values forward received, ``before`` their ``tree_flatten`` when it
+    received them (taken after they were built, so a node's unflatten that converts its
+    children is not mistaken for a write)."""
+    handed, handed_treedef = before
+    now, treedef = tree_flatten(tuple(values))
+    if treedef == handed_treedef and all(a is b for a, b in zip(now, handed)):
+        return
+    first = 0
+    for position, child in enumerate(handed_treedef.children()):
+        mine = handed[first : first + child.num_leaves]
+        if tree_structure(values[position]) != child:
+            what = f"'{names[position]}' ({type_name(values[position])}) gained or lost an entry"
+            raise error(AutogradFunctionTypeError, function, _WRITTEN.format(what=what))
+        replaced = [path for (path, a), b in zip(tree_flatten_with_path(values[position])[0], mine) if a is not b]
+        if replaced:
+            what = f"the value at '{names[position]}{keystr(replaced[0])}' was replaced"
+            raise error(AutogradFunctionTypeError, function, _WRITTEN.format(what=what))
+        first += child.num_leaves
+
+
+_WRITTEN = (
+    "forward must leave its arguments as it received them, but {what} while forward ran: jaxfn hands forward "
+    "copies of its pytree arguments (dicts, lists, dataclasses), so a write into one never reaches the caller; "
+    "return the new value as an output of forward instead"
+)

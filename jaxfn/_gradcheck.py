@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
+from . import _rule
 from ._arguments import DIFF, dtype_kind, leaf_kind
 from ._errors import GRADCHECK, AutogradFunctionValueError, GradcheckError, error
 from ._function import AutogradFunction
@@ -104,15 +105,11 @@ def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
 def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
     with_paths, treedef = tree_flatten_with_path((args, kwargs))
     leaves = [_as_checked(leaf) for _, leaf in with_paths]
-    checked = [i for i, leaf in enumerate(leaves) if leaf_kind(leaf) == DIFF]
+    floating = [i for i, leaf in enumerate(leaves) if leaf_kind(leaf) == DIFF]
+    checked = [i for i in floating if np.size(leaves[i])]  # a zero-size leaf has no element to check
     labels = _labels(fn, args, [path for path, _ in with_paths])
     if not checked:
-        raise error(
-            GradcheckError,
-            GRADCHECK,
-            "there is nothing to check: no argument has a floating-point or complex leaf (Python and NumPy "
-            "floats count; integers, booleans and other values are passed through), so no gradient was compared",
-        )
+        raise error(GradcheckError, GRADCHECK, _EMPTY_INPUTS if floating else _NO_INPUTS)
     rng = np.random.default_rng(0)
 
     def call(diff: list[Any]) -> Any:
@@ -130,8 +127,8 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
         raise error(
             GradcheckError,
             GRADCHECK,
-            "there is nothing to check: no output is floating-point or complex and differentiable, so no "
-            "gradient flows back",
+            "there is nothing to check: no output is floating-point or complex and differentiable with at least "
+            "one element, so no gradient flows back",
         )
     inputs = sum(2 * np.size(x) if jnp.iscomplexobj(x) else np.size(x) for x in x0)
     outputs = sum(2 * np.prod(o.shape) if jnp.iscomplexobj(o) else np.prod(o.shape) for o in out_shapes)
@@ -158,6 +155,14 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
 
 
 _ALONE = " (differentiated alone, the other inputs held constant)"
+_NO_INPUTS = (
+    "there is nothing to check: no argument has a floating-point or complex leaf (Python and NumPy floats count; "
+    "integers, booleans and other values are passed through), so no gradient was compared"
+)
+_EMPTY_INPUTS = (
+    "there is nothing to check: every floating-point or complex leaf of the arguments has zero size (a shape "
+    "with a 0 in it), so there is no element to compare; give at least one argument a non-empty shape"
+)
 
 
 def _restricted(f: Callable[[list[Any]], Any], x0: list[Any], which: list[int], diff: list[Any]) -> Any:
@@ -305,19 +310,26 @@ def _outputs_to_check(fn, args, kwargs, leaves, treedef) -> Callable[[Any], list
     """From an output, the arrays to check: floating or complex, and (for a jaxfn function) not
     marked non-differentiable. Python values and integer arrays are left out."""
     target = _jaxfn_function(fn)
-    flags = None
-    if target is not None:
-        call_args, call_kwargs = tree_unflatten(treedef, leaves)
-        flags = [
-            flag is True for flag in jax.tree_util.tree_leaves(target.output_differentiable(*call_args, **call_kwargs))
-        ]
+    flags = None if target is None else _output_flags(target, *tree_unflatten(treedef, leaves))
 
     def select(out: Any) -> list[Any]:
         out_leaves = jax.tree_util.tree_leaves(out)
         keep = flags if flags is not None and len(flags) == len(out_leaves) else [True] * len(out_leaves)
-        return [leaf for leaf, k in zip(out_leaves, keep) if k and _is_inexact_array(leaf)]
+        return [leaf for leaf, k in zip(out_leaves, keep) if k and _is_inexact_array(leaf) and np.size(leaf)]
 
     return select
+
+
+def _output_flags(target: AutogradFunction, args: tuple, kwargs: dict) -> list[bool]:
+    """One per output leaf: whether it carries a gradient (False for a Python value), from forward's
+    output description, never by rebuilding its pytree around flags (a user's node may refuse them)."""
+    arguments, infos = target._definition.bind(args, kwargs), []
+    jax.eval_shape(
+        lambda *arrays: infos.append(_rule.primal(target._definition, arguments.structure(), arrays)[1]),
+        *arguments.arrays,
+    )
+    flags = iter(infos[-1].differentiable)
+    return [next(flags) if array else False for array in infos[-1].is_array]
 
 
 def _is_inexact_array(value: Any) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from ._arguments import DIFF, STATIC, Arguments
-from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, error, raise_all, type_name
+from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, a, error, raise_all, type_name
 
 _FORMS = (
     "backward must return a dict keyed by parameter name, a tuple/list with one entry per "
@@ -121,55 +121,85 @@ def to_cotangents(
 def _spread(
     function: str, args: Arguments, position: int, grad: Any, per_leaf: list[Any], problems: list[tuple[type, str]]
 ) -> None:
-    """Put the gradient pytree of one parameter into ``per_leaf``, matching its structure."""
-    name = args.names[position]
-    leaf_ids = [i for i, owner in enumerate(args.owners) if owner == position]
-    template = jax.tree_util.tree_unflatten(args.treedef.children()[position], leaf_ids)
+    """Put the gradient pytree of one parameter into ``per_leaf``, matching its structure.
 
-    def place(g: Any, ids: Any) -> None:
+    The gradient is matched against the parameter's treedef node by node; nothing is rebuilt,
+    so a user's pytree node whose unflatten refuses placeholders (or None) is never asked to
+    hold one."""
+    name = args.names[position]
+    first = sum(child.num_leaves for child in args.treedef.children()[:position])
+    pending = [(grad, args.treedef.children()[position], first)]
+    while pending:
+        g, treedef, first = pending.pop()
         if g is None or isinstance(g, SymbolicZero):
-            return
-        if not isinstance(ids, int):
-            n = len(jax.tree_util.tree_leaves(ids))
+            continue
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # one leaf of the parameter
+            _place(args, g, first, per_leaf, problems)
+            continue
+        g = _fill_missing_keys(g, treedef)
+        children, node = jax.tree_util.tree_flatten(g, is_leaf=lambda x, g=g: x is not g)  # one level of g
+        if node.num_nodes == 1 and node.num_leaves == 1:  # an array (or value) for a whole subtree
+            n = treedef.num_leaves
             problems.append(
                 (
                     AutogradFunctionTypeError,
                     f"backward returned {describe(g)} for '{name}', but that part of '{name}' is "
-                    f"{type_name(ids)}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of the "
-                    "same structure, or pass the array inside it to the function instead (a Flax nnx.Param p: "
+                    f"{_node_name(treedef)}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of "
+                    "the same structure, or pass the array inside it to the function instead (a Flax nnx.Param p: "
                     "p[...])",
                 )
             )
-        elif args.kinds[ids] == STATIC:
-            problems.append(
-                (
-                    AutogradFunctionTypeError,
-                    f"backward returned a gradient for '{args.paths[ids]}', but it is a static "
-                    f"argument ({type_name(args.statics[ids])}), not an array, so it can't have one; return "
-                    f"None for it, or pass a floating-point jnp array to make it differentiable.",
-                )
-            )
-        else:
-            per_leaf[ids] = g
+            continue
+        subtrees = treedef.children()
+        if not _same_node(node, treedef, len(children), len(subtrees)):
+            problems.append((AutogradFunctionTypeError, _structure_problem(name, grad, args, position)))
+            return
+        starts = np.cumsum([first, *(t.num_leaves for t in subtrees)])
+        pending.extend(zip(children, subtrees, starts[:-1].tolist()))
 
-    try:
-        grad = _fill_missing_keys(grad, template)
-        jax.tree_util.tree_map(place, grad, template, is_leaf=lambda x: x is None or isinstance(x, SymbolicZero))
-    except (ValueError, TypeError):
+
+def _place(args: Arguments, g: Any, leaf: int, per_leaf: list[Any], problems: list[tuple[type, str]]) -> None:
+    if args.kinds[leaf] == STATIC:
         problems.append(
             (
                 AutogradFunctionTypeError,
-                f"backward returned a gradient for '{name}' with pytree structure "
-                f"{jax.tree_util.tree_structure(grad)}, but '{name}' has structure "
-                f"{jax.tree_util.tree_structure(template)}; return the same structure (None for no gradient).",
+                f"backward returned a gradient for '{args.paths[leaf]}', but it is a static "
+                f"argument ({type_name(args.statics[leaf])}), not an array, so it can't have one; return "
+                f"None for it, or pass a floating-point jnp array to make it differentiable.",
             )
         )
+    else:
+        per_leaf[leaf] = g
 
 
-def _fill_missing_keys(grad: Any, template: Any) -> Any:
-    """A dict gradient with the keys its input has and it lacks filled with None (no gradient)."""
-    if isinstance(grad, dict) and isinstance(template, dict) and set(grad) <= set(template):
-        return {key: _fill_missing_keys(grad.get(key), sub) for key, sub in template.items()}
+def _same_node(node: Any, treedef: Any, count: int, expected: int) -> bool:
+    """Whether a gradient's top node (type and aux data) is the parameter's, with as many children."""
+    if count != expected:
+        return False
+    try:
+        return bool(node.node_data() == treedef.node_data())
+    except (TypeError, ValueError):  # aux data that can't be compared (an array): a different node
+        return False
+
+
+def _node_name(treedef: Any) -> str:
+    data = treedef.node_data()
+    return type_name(None) if data is None else a(data[0].__name__)
+
+
+def _structure_problem(name: str, grad: Any, args: Arguments, position: int) -> str:
+    return (
+        f"backward returned a gradient for '{name}' with pytree structure {jax.tree_util.tree_structure(grad)}, "
+        f"but '{name}' has structure {args.treedef.children()[position]}; return the same structure (None for no "
+        "gradient)."
+    )
+
+
+def _fill_missing_keys(grad: Any, treedef: Any) -> Any:
+    """A dict gradient with the keys its dict input has and it lacks filled with None (no gradient)."""
+    data = treedef.node_data()
+    if isinstance(grad, dict) and data is not None and data[0] is dict and set(grad) <= set(data[1]):
+        return {key: grad.get(key) for key in data[1]}
     return grad
 
 

@@ -16,6 +16,7 @@ from jax.core import Tracer
 try:  # the cheapest test of "no JAX transformation is active"
     from jax._src.core import trace_state_clean as _trace_state_clean
 except ImportError:  # pragma: no cover - a JAX that moved it: every call counts as traced
+
     def _trace_state_clean() -> bool:
         return False
 

@@ -30,6 +30,7 @@ class Outputs:
     avals: tuple[jax.ShapeDtypeStruct, ...]  # one per array leaf
     differentiable: tuple[bool, ...]  # one per array leaf
     is_sequence: bool  # a tuple/list output: one grad_output per element
+    function: str = "forward"  # the jaxfn function's name, for messages
 
     @property
     def single_array(self) -> bool:
@@ -81,12 +82,14 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
             f"forward must return arrays (an array, a tuple/list or pytree of them, with Python values beside them "
             f"if you like), but {what}",
         )
-    arrays = [jnp.asarray(leaf) for leaf, array in zip(leaves, is_array) if array]
+    arrays = [
+        leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf) for leaf, array in zip(leaves, is_array) if array
+    ]
     statics = tuple(None if array else leaf for leaf, array in zip(leaves, is_array))
     unmarked = [id(leaf) not in marked for leaf, array in zip(leaves, is_array) if array]
     differentiable = tuple(keep and dtype_kind(a.dtype) == DIFF for keep, a in zip(unmarked, arrays))
     avals = tuple(jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in arrays)
-    info = Outputs(treedef, statics, is_array, avals, differentiable, isinstance(out, (tuple, list)))
+    info = Outputs(treedef, statics, is_array, avals, differentiable, isinstance(out, (tuple, list)), function)
     return arrays, info
 
 
@@ -116,8 +119,24 @@ def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> lis
         for ct, aval, differentiable in zip(cotangents, info.avals, info.differentiable)
     ]
     handed = iter(per_array)
-    tree = tree_unflatten(info.treedef, [next(handed) if a else None for a in info.is_array])
+    leaves = [next(handed) if a else None for a in info.is_array]
+    try:
+        tree = tree_unflatten(info.treedef, leaves)
+    except Exception as err:  # noqa: BLE001 - a user's pytree node that refuses None, said in jaxfn's words
+        if not any(leaf is None for leaf in leaves):
+            raise
+        raise error(
+            AutogradFunctionTypeError, info.function, _REFUSES_NONE.format(treedef=info.treedef, err=type(err).__name__)
+        ) from err
     return list(tree) if info.is_sequence else [tree]
+
+
+_REFUSES_NONE = (
+    "backward receives its grad_outputs in the structure of forward's output, with None where no gradient "
+    "flows (a Python value, or any output with ctx.set_materialize_grads(False)), but a pytree node of the "
+    "output, {treedef}, refused None when rebuilt ({err}); return arrays in that node only, or let its unflatten "
+    "accept None"
+)
 
 
 def _no_gradient(aval: jax.ShapeDtypeStruct, materialize: bool) -> Any:

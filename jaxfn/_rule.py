@@ -124,7 +124,12 @@ def run_forward(
     arrays = [a if isinstance(a, jax.Array) else jnp.asarray(a) for a in arrays]
     by_name, by_position = args.needs_input_grad(perturbed)
     ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position)
-    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, args.values(arrays))
+    values = args.values(arrays)
+    # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
+    before = jax.tree_util.tree_flatten(tuple(values)) if args.has_containers else None
+    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, values)
+    if before is not None:
+        _arguments.refuse_writes(definition.name, args.names, values, before)
     ctx._end_forward()
     out_arrays, info = _outputs.check(definition.name, out, ctx._state.non_differentiable)
     return ctx, out_arrays, info
