@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import functools
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -291,7 +291,7 @@ class Context:
         with_paths, treedef = tree_flatten_with_path(held)
         is_array = tuple(isinstance(leaf, jax.Array) for _, leaf in with_paths)
         for (path, leaf), array in zip(with_paths, is_array):
-            if not array and _holds_tracer(leaf):
+            if not array and holds_tracer(leaf):
                 raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))
         arrays = [leaf for (_, leaf), array in zip(with_paths, is_array) if array]
         statics = tuple(None if array else leaf for (_, leaf), array in zip(with_paths, is_array))
@@ -319,16 +319,19 @@ class Context:
 _OWN_NAMES = frozenset(name for name in dir(Context) if not name.startswith("__")) | set(Context.__slots__)
 
 
-def _holds_tracer(value: Any) -> bool:
-    """Whether an object holds a JAX tracer anywhere: in containers, attributes (``__dict__``,
-    ``__slots__``), pytree children, object arrays, or what a function, partial or bound method
-    closes over; at any depth, each object once (cycles end), without recursion."""
+def holds_tracer(value: Any, wanted: Callable[[Tracer], bool] | None = None) -> bool:
+    """Whether an object holds a JAX tracer (one that ``wanted`` accepts) anywhere: in containers,
+    attributes (``__dict__``, ``__slots__``), pytree children, object arrays, or what a function,
+    partial or bound method closes over; at any depth, each object once (cycles end), without
+    recursion."""
     seen: set[int] = set()
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, Tracer):
-            return True
+            if wanted is None or wanted(item):
+                return True
+            continue
         if isinstance(item, _OPAQUE) or id(item) in seen:
             continue
         seen.add(id(item))

@@ -31,62 +31,85 @@ class Compiled:
     ``1``, ``1.0``, ``True`` and ``-0.0`` differ, as ``jax.jit``'s ``==`` would not tell) and each
     array's shape and dtype, which ``jax.jit`` keys itself. Python state forward reads is read
     when a signature is traced, as with ``jax.jit``. Python values in the output are those of
-    the trace, put back in place.
+    the trace, carried in the output's pytree structure, so each compiled program keeps its own.
     """
 
     def __init__(self, definition: _rule.Definition, traced: Callable[[Arguments], Any]):
         self._definition = definition
         self._traced = traced
-        self._outputs: dict[Any, Any] = {}  # per signature: the output's treedef and Python values
-        self._jitted = jax.jit(self._run, static_argnums=0)
-        self._arrays_only = jax.jit(self._run_arrays)
-        self._fast = definition.positional is not None  # until an output holds a Python value
+        self._jitted = keeping_python_values(jax.jit(self._run, static_argnums=0))
+        self._arrays_only = keeping_python_values(jax.jit(self._run_arrays))
 
     def fast_call(self, args: tuple[Any, ...]) -> Any:
-        """The call whose arguments are one concrete JAX array per parameter, passed by position,
-        where every output is an array: ``jax.jit`` alone keys it (the arrays' shapes and dtypes
-        are the whole signature). MISS for any other call."""
-        if not self._fast or len(args) != len(self._definition.positional or ()):
+        """The call whose arguments are one concrete JAX array per parameter, passed by position:
+        ``jax.jit`` alone keys it (the arrays' shapes and dtypes are the whole signature). MISS
+        for any other call."""
+        if len(args) != len(self._definition.positional or ()) or self._definition.positional is None:
             return MISS
         for a in args:
             if not isinstance(a, jax.Array):
                 return MISS
         if not _jax_private.outside_traces(args):
             return MISS
-        try:
-            return self._arrays_only(*args)
-        except _PythonOutput:
-            self._fast = False
-            return MISS
+        return self._arrays_only(*args)
 
     def _run_arrays(self, *arrays: Any) -> Any:
-        out = self._traced(self._definition.bind(arrays, {}))
-        if not all(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(out)):
-            raise _PythonOutput
-        return out
+        return box_python_values(self._traced(self._definition.bind(arrays, {})))
 
     def __call__(self, args: Arguments) -> Any:
         key = _Signature(args.structure(), _signature_key(self._definition.name, args))
-        arrays = self._jitted(key, args.arrays)
-        treedef, statics = self._outputs[key]
-        leaves = iter(arrays)
-        return jax.tree_util.tree_unflatten(treedef, [next(leaves) if s is _ARRAY else s for s in statics])
+        return self._jitted(key, args.arrays)
 
-    def _run(self, key: _Signature, arrays: tuple[Any, ...]) -> list[Any]:
+    def _run(self, key: _Signature, arrays: tuple[Any, ...]) -> Any:
         args = key.args
         out = self._traced(Arguments(args.names, args.treedef, args.kinds, args.statics, tuple(arrays), args.varargs))
-        leaves, treedef = jax.tree_util.tree_flatten(out)
-        is_array = [isinstance(leaf, jax.Array) for leaf in leaves]
-        self._outputs[key] = (treedef, tuple(_ARRAY if a else leaf for leaf, a in zip(leaves, is_array)))
-        return [leaf for leaf, a in zip(leaves, is_array) if a]
+        return box_python_values(out)
 
 
-_ARRAY = object()  # marks an array leaf of a compiled call's output
+@jax.tree_util.register_pytree_node_class
+class _PythonValue:
+    """A Python value in the output of a jitted call, held as a pytree node with no children: the
+    value rides in the output's structure, which ``jax.jit`` keeps per compiled program."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:  # by identity: any value, hashable or not
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def tree_flatten(self) -> tuple[tuple[()], Any]:
+        return (), self
+
+    @classmethod
+    def tree_unflatten(cls, box: Any, children: Any) -> Any:
+        return box
+
+
+def box_python_values(out: Any) -> Any:
+    """``out`` with each leaf that is not a JAX array wrapped in a ``_PythonValue`` node."""
+    return jax.tree_util.tree_map(lambda leaf: leaf if isinstance(leaf, jax.Array) else _PythonValue(leaf), out)
+
+
+def keeping_python_values(jitted: Callable[..., Any]) -> Callable[..., Any]:
+    """A jitted function whose output had Python values boxed, with them unboxed again."""
+
+    def call(*args: Any) -> Any:
+        out = jitted(*args)
+        return jax.tree_util.tree_map(
+            lambda leaf: leaf.value if isinstance(leaf, _PythonValue) else leaf,
+            out,
+            is_leaf=lambda leaf: isinstance(leaf, _PythonValue),
+        )
+
+    return call
+
+
 MISS = object()
-
-
-class _PythonOutput(Exception):
-    """A compiled call's output holds a Python value: it needs the keyed path, which keeps them."""
 
 
 class _Signature:
@@ -109,7 +132,27 @@ def _signature_key(name: str, args: Arguments) -> Any:
     for position, (value, kind) in enumerate(zip(args.statics, args.kinds)):
         if kind == STATIC:
             statics.append(_static_key(name, args, position, value))
-    return _keys.structure_key(args.treedef), args.kinds, tuple(statics)
+    structure = _keys.structure_key(args.treedef)
+    try:
+        hash(structure)
+    except TypeError:
+        unhashable = [n for n, child in zip(args.names, args.treedef.children()) if not _hashable(child)]
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            "with jit=True the arguments' pytree structure is part of the compiled call's key, as for jax.jit, so "
+            f"the static data of its pytree nodes must be hashable, but that of '{unhashable[0]}' is not; make the "
+            "node's static (aux) data hashable (a tuple, not a list or dict), or drop jit=True",
+        ) from None
+    return structure, args.kinds, tuple(statics)
+
+
+def _hashable(treedef: Any) -> bool:
+    try:
+        hash(_keys.structure_key(treedef))
+    except TypeError:
+        return False
+    return True
 
 
 def _static_key(name: str, args: Arguments, position: int, value: Any) -> Any:

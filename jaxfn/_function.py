@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from . import _arguments, _eager, _forward_mode, _host, _jax_private, _reverse_mode, _rule
+from . import _arguments, _context, _eager, _forward_mode, _host, _jax_private, _reverse_mode, _rule
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, reraise_from_callback
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
@@ -121,7 +121,12 @@ class AutogradFunction:
     def _traced(self, arguments: _arguments.Arguments) -> Any:
         """The call under a JAX transformation, through this mode's custom rule."""
         statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
-        if any(map(_closes_over_differentiated, (self.forward, self.backward, *statics))):
+        own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
+
+        def differentiated(tracer: Any) -> bool:
+            return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
+
+        if _context.holds_tracer((self.forward, self.backward, statics), differentiated):
             raise error(AutogradFunctionTypeError, self.name, _CLOSURE_HELP)
         call = self._build(self._definition, arguments.structure())  # keeps no reference to the arrays
         arrays = _rule.vary_together(arguments, arguments.arrays)
@@ -131,7 +136,8 @@ class AutogradFunction:
             except NotImplementedError as err:
                 if not _jax_private.refused_in_eager_shard_map(err):
                     raise
-            return jax.jit(call)(*arrays)  # inside an un-jitted jax.shard_map
+            # inside an un-jitted jax.shard_map: JAX takes the call under jit (Python outputs kept)
+            return _eager.keeping_python_values(jax.jit(lambda *a: _eager.box_python_values(call(*a))))(*arrays)
         except AutogradFunctionError:
             raise
         except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words
@@ -157,37 +163,6 @@ class AutogradFunction:
         jax.eval_shape(run, *arguments.arrays)
         flags = iter(infos[-1].differentiable)
         return infos[-1].rebuild([next(flags) for _ in infos[-1].avals])
-
-
-def _closes_over_differentiated(value: Any, depth: int = 3) -> bool:
-    """Whether a function (forward, backward, or one passed as a static argument) closes over a
-    value that JAX is differentiating: in its closure cells or default arguments, or, for a
-    ``functools.partial`` or a bound method, in what it binds."""
-    if depth == 0 or not callable(value):
-        return False
-    if isinstance(value, functools.partial):
-        held = [value.func, *value.args, *value.keywords.values()]
-    else:
-        cells = getattr(value, "__closure__", None) or ()
-        held = [_cell_contents(cell) for cell in cells]
-        held += list(getattr(value, "__defaults__", None) or ()) + list(
-            (getattr(value, "__kwdefaults__", None) or {}).values()
-        )
-        held += [getattr(value, "__self__", None)] if hasattr(value, "__func__") else []
-    for item in held:
-        leaves = jax.tree_util.tree_leaves(item)
-        if any(_jax_private.is_differentiating_tracer(leaf) for leaf in leaves):
-            return True
-        if any(_closes_over_differentiated(leaf, depth - 1) for leaf in leaves if callable(leaf)):
-            return True
-    return False
-
-
-def _cell_contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
 
 
 def _rebuild(name: str, forward_mode: bool, forward: Any, backward: Any, *rest: Any) -> AutogradFunction:

@@ -28,7 +28,7 @@ def value_key(value: Any) -> Any:
         return kind, struct.pack("<d", value)  # every bit: -0.0 and -nan too
     if kind is complex:
         return kind, struct.pack("<dd", value.real, value.imag)
-    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+    if isinstance(value, np.generic) and value.dtype.kind in "biufcmM":  # datetimes: the dtype names the unit
         return kind, value.dtype.str, value.tobytes()
     if isinstance(value, np.dtype):
         if value.metadata:
@@ -42,7 +42,7 @@ def value_key(value: Any) -> Any:
                 raise
             return kind, value.name
     if isinstance(value, type):
-        return type, value
+        return type, id(value), value  # by identity: np.float32 and jnp.float32 compare equal
     if isinstance(value, tuple) and kind is tuple:  # not a namedtuple: its class may compare fields differently
         return kind, tuple(value_key(v) for v in value)
     raise Unkeyable

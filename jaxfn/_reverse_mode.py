@@ -45,9 +45,10 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         infos.append(info)
         saved, remainder = ctx.to_residuals()
         traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
+        token = jnp.zeros((0, len(traces) - 1), jnp.uint8)  # before the call below traces its own fwd
         if any(isinstance(a, Tracer) for a in arrays):
             out = primal(*arrays)  # an outer trace differentiates the output through backward too
-        return tuple(out), (saved, jnp.zeros((0, len(traces) - 1), jnp.uint8))
+        return tuple(out), (saved, token)
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
         saved, token = residuals

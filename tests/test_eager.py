@@ -363,3 +363,42 @@ def test_partial_and_keyword_calls_bind_as_python_does():
     power = jaxfn.autograd_function(_power_forward, _no_backward, name="power")
     square = functools.partial(power, power=2)
     np.testing.assert_allclose(square(jnp.full(2, 3.0), offset=1.0), [10.0, 10.0])
+
+
+def test_jit_true_python_outputs_belong_to_each_compiled_program():
+    f = jaxfn.autograd_function(lambda ctx, x: (x * 2, x.shape[0], str(x.dtype)), _no_backward, name="meta", jit=True)
+    g = jaxfn.autograd_function(lambda ctx, x, k: tuple(x * k), _no_backward, name="split", jit=True)
+    for n, dtype in ((2, jnp.float32), (3, jnp.float32), (2, jnp.bfloat16), (2, jnp.float32)):
+        _, size, name = f(jnp.ones(n, dtype))
+        assert (size, name) == (n, jnp.dtype(dtype).name)
+        assert len(g(jnp.ones(n), 2)) == n
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(np.float32, jnp.float32), (np.datetime64(1, "s"), np.datetime64(1000, "ms")), (np.timedelta64(1, "D"),)],
+    ids=["classes that compare equal", "datetimes", "timedelta"],
+)
+def test_jit_true_hands_forward_the_static_value_it_was_given(values):
+    f = jaxfn.autograd_function(lambda ctx, x, k: (x, repr(k)), _no_backward, name="given", jit=True)
+    for value in values * 2:
+        assert f(jnp.ones(1), value)[1] == repr(value)
+
+
+def test_jit_true_refuses_unhashable_pytree_static_data():
+    @jax.tree_util.register_pytree_node_class
+    class Node:
+        def __init__(self, a, meta):
+            self.a, self.meta = a, meta
+
+        def tree_flatten(self):
+            return (self.a,), self.meta
+
+        @classmethod
+        def tree_unflatten(cls, meta, children):
+            return cls(children[0], meta)
+
+    f = jaxfn.autograd_function(lambda ctx, node: node.a * 2, _no_backward, name="node", jit=True)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'node': with jit=True .* but that of 'node' is not; make"):
+        f(Node(jnp.ones(2), {"a": 1}))
+    np.testing.assert_allclose(f(Node(jnp.ones(2), ("a", 1))), [2.0, 2.0])

@@ -1,5 +1,6 @@
 """jaxfn functions inside vmap, scan, checkpoint, nested calls, and higher-order derivatives."""
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -115,6 +116,43 @@ def test_a_function_passed_as_an_argument_closing_over_a_differentiated_value_is
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'apply': forward or backward \(or a function passed"):
         maybe_jit(jax.grad(lambda w: apply(X, functools.partial(jnp.multiply, w)).sum()))(2.0)
     np.testing.assert_allclose(jax.jit(lambda w: apply(X, lambda y: y * w))(2.0), 2 * X)  # not differentiated
+
+    class Adder:  # a callable object holding the value
+        def __init__(self, w):
+            self.w = w
+
+        def __call__(self, z):
+            return z + self.w
+
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'apply': forward or backward \(or a function passed"):
+        maybe_jit(jax.grad(lambda w: apply(X, Adder(w)).sum()))(2.0)
+
+
+def test_methods_of_a_module_holding_the_parameters_it_passes_are_accepted(maybe_jit):
+    """forward and backward as bound methods of a pytree module whose differentiated field is also
+    passed as an argument (Equinox and Flax style): no value is closed over that is not an argument."""
+
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=["p"])
+    @dataclasses.dataclass
+    class Layer:
+        w: jax.Array
+        p: int = 2
+
+        def forward(self, ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return (x * w) ** self.p
+
+        def backward(self, ctx, g):
+            x, w = ctx.saved_tensors
+            d = self.p * (x * w) ** (self.p - 1)
+            return g * d * w, g * d * x
+
+        def __call__(self, x):
+            return jaxfn.autograd_function(self.forward, self.backward, name="layer")(x, self.w)
+
+    layer, x = Layer(jnp.array([1.0, 2.0])), jnp.array([0.5, 1.5])
+    got = maybe_jit(jax.grad(lambda layer, x: layer(x).sum()))(layer, x)
+    np.testing.assert_allclose(got.w, jax.grad(lambda w: ((x * w) ** 2).sum())(layer.w), rtol=1e-12)
 
 
 def test_scan(maybe_jit):
@@ -242,3 +280,30 @@ def test_a_pullback_keeps_no_reference_to_the_call_arrays():
     gc.collect()
     assert ref() is None
     np.testing.assert_allclose(pullback(jnp.ones(1000))[0], 2.0)
+
+
+@pytest.mark.parametrize("save_only_what_is_needed", [False, True])
+def test_mixed_second_derivatives_across_inputs(maybe_jit, save_only_what_is_needed):
+    """The inner level differentiates x, the outer y (and the other way round): each level's
+    backward sees its own needs_input_grad."""
+
+    def forward(ctx, x, y):
+        needs = ctx.needs_input_grad
+        ctx.save_for_backward(x=x if needs.y or not save_only_what_is_needed else None, y=y)
+        return x * y * y
+
+    def backward(ctx, g):
+        s, needs = ctx.saved_variables, ctx.needs_input_grad
+        return {"x": g * s.y * s.y if needs.x else None, "y": g * 2 * s.x * s.y if needs.y else None}
+
+    mul = jaxfn.autograd_function(forward, backward, name="mul")
+    plain = lambda x, y: x * y * y
+    for inner, outer in ((0, 1), (1, 0)):
+
+        def second(f, inner=inner, outer=outer):
+            def first(*xy):
+                return jax.grad(f, argnums=inner)(*xy)
+
+            return jax.grad(first, argnums=outer)
+
+        np.testing.assert_allclose(maybe_jit(second(mul))(2.0, 3.0), second(plain)(2.0, 3.0), rtol=1e-12)
