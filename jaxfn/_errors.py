@@ -10,7 +10,6 @@ what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck:`` instea
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 
@@ -88,20 +87,6 @@ def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]],
         raise error(kind, function, kind_and_sentences[0][1])
     lines = "\n".join(f"  - {_sentence(sentence)}" for _, sentence in kind_and_sentences)
     raise error(kind, function, f"{len(kind_and_sentences)} problems in one call:\n{lines}")
-
-
-# A jaxfn message inside the text of a JaxRuntimeError (an error raised in a host callback).
-_IN_CALLBACK = re.compile(r"jaxfn: '([^']+)': (.*?\.)(?:\n|$)", re.S)
-
-
-def reraise_from_callback(err: Exception) -> None:
-    """Raise the jaxfn error that a host callback raised, which reaches Python inside JAX's
-    ``JaxRuntimeError`` ``err``, as the jaxfn error it is; return if there is none (the caller
-    re-raises ``err``). A plain call in an ``except`` clause: nothing is added to a call that
-    raises nothing."""
-    found = _IN_CALLBACK.search(str(err))
-    if found is not None:
-        raise error(AutogradFunctionTypeError, found.group(1), found.group(2)) from err
 
 
 def _opening(function: str) -> str:

@@ -8,27 +8,8 @@ from typing import Any
 
 import jax
 
-from . import _arguments, _context, _eager, _forward_mode, _host, _jax_private, _reverse_mode, _rule
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, reraise_from_callback
-
-# The words jax.custom_vjp's TypeError uses when forward mode reaches it.
-_JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
-
-_FORWARD_MODE_HELP = (
-    "it was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or jax.hessian and jax.jvp of "
-    "jax.grad, which differentiate its gradient in forward mode), but it defines a backward (reverse mode) only, "
-    "and jax.custom_vjp refuses forward mode. Use reverse mode (jax.grad, jax.vjp, jax.jacrev; second "
-    "derivatives as jax.jacrev(jax.jacrev(f))), or build it with jaxfn.autograd_function(forward, backward, "
-    "forward_mode=True) (or forward_mode = True on a jaxfn.Function) so that the same backward also gives "
-    "forward mode"
-)
-
-_CLOSURE_HELP = (
-    "forward or backward (or a function passed to it as an argument) reads a value that JAX is tracing from "
-    "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), "
-    "but a custom rule can only give gradients for its own parameters, so that gradient would be lost; pass "
-    "the value to the function as an argument instead"
-)
+from . import _arguments, _eager, _forward_mode, _host, _jax_private, _outputs, _reverse_mode, _rule, _traced
+from ._errors import AutogradFunctionTypeError, error
 
 
 class AutogradFunction:
@@ -60,27 +41,10 @@ class AutogradFunction:
     ):
         self.name = name if name is not None else getattr(forward, "__name__", "function")
         self._given = (forward, backward, setup_context, host, output, jit)  # what pickling rebuilds from
-        if host:
-            if forward_mode or setup_context is not None:
-                raise error(
-                    AutogradFunctionTypeError,
-                    self.name,
-                    "host=True runs NumPy code that JAX can't transpose or trace, so it can't be combined with "
-                    "forward_mode=True or setup_context; drop one of them",
-                )
-            forward, backward = _host.wrap(self.name, forward, backward, output)
         self._definition = _rule.Definition.of(self.name, forward, backward, setup_context)
-        if forward_mode and self._definition.once_differentiable:
-            raise error(
-                AutogradFunctionTypeError,
-                self.name,
-                "it has forward_mode=True, whose tangent rule differentiates backward, but backward is marked "
-                "jaxfn.once_differentiable; drop one of the two",
-            )
-
-        self.forward_mode = bool(forward_mode)
-        self._build = _forward_mode.build if self.forward_mode else _reverse_mode.build
-        self.jit = bool(jit)
+        self.forward_mode, self.jit = bool(forward_mode), bool(jit)
+        _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
+        self._host = _host.HostFunction(self._definition, output) if host else None
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
         self.__name__ = self.name
@@ -100,13 +64,6 @@ class AutogradFunction:
         return (_rebuild, (self.name, self.forward_mode, *self._given))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return self._call(args, kwargs)
-        except jax.errors.JaxRuntimeError as err:  # a host function's compiled eager copy raises inside it
-            reraise_from_callback(err)
-            raise
-
-    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._compiled is not None and not kwargs:
             out = self._compiled.fast_call(args)
             if out is not _eager.MISS:
@@ -114,45 +71,29 @@ class AutogradFunction:
         arguments = self._definition.bind(args, kwargs)
         if not _jax_private.outside_traces(arguments.arrays):
             return self._traced(arguments)
+        if self._host is not None:
+            return self._host.eager(arguments)
         if self._compiled is not None:
             return self._compiled(arguments)
         return _eager.call(self._definition, arguments)
 
     def _traced(self, arguments: _arguments.Arguments) -> Any:
-        """The call under a JAX transformation, through this mode's custom rule."""
-        statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
-        own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
+        """The call under a JAX transformation, through this mode's builder."""
+        return _traced.call(self._build, self._definition, arguments, (self.forward, self.backward))
 
-        def differentiated(tracer: Any) -> bool:
-            return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
+    def _build(self, definition: _rule.Definition, args: _arguments.Arguments) -> Any:
+        """This mode's custom rule for one call structure: ``call(*arrays)``."""
+        if self._host is not None:
+            return self._host.build(args)
+        return (_forward_mode.build if self.forward_mode else _reverse_mode.build)(definition, args)
 
-        if _context.holds_tracer((self.forward, self.backward, statics), differentiated):
-            raise error(AutogradFunctionTypeError, self.name, _CLOSURE_HELP)
-        call = self._build(self._definition, arguments.structure())  # keeps no reference to the arrays
-        arrays = _rule.vary_together(arguments, arguments.arrays)
-        try:
-            try:
-                return call(*arrays)
-            except NotImplementedError as err:
-                if not _jax_private.refused_in_eager_shard_map(err):
-                    raise
-            # inside an un-jitted jax.shard_map: JAX takes the call under jit (Python outputs kept)
-            return _eager.keeping_python_values(jax.jit(lambda *a: _eager.box_python_values(call(*a))))(*arrays)
-        except AutogradFunctionError:
-            raise
-        except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words
-            explanation = _explain(err)
-            if explanation is None:
-                raise
-            raise error(AutogradFunctionTypeError, self.name, explanation) from err
-
-    def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
-        """For a call, whether each output leaf carries a gradient (``None`` for Python values).
-
-        Runs forward abstractly (``jax.eval_shape``); ``jaxfn.gradcheck`` uses it to leave out
-        outputs marked non-differentiable.
-        """
+    def outputs(self, *args: Any, **kwargs: Any) -> _outputs.Outputs:
+        """For a call, the description of forward's output (which leaves are arrays, which carry a
+        gradient), from an abstract run of forward (``jax.eval_shape``); ``jaxfn.gradcheck``
+        uses it to leave out outputs marked non-differentiable."""
         arguments = self._definition.bind(args, kwargs)
+        if self._host is not None:
+            return self._host.outputs(arguments)
         infos = []
 
         def run(*arrays: Any) -> Any:
@@ -161,8 +102,31 @@ class AutogradFunction:
             return out
 
         jax.eval_shape(run, *arguments.arrays)
-        flags = iter(infos[-1].differentiable)
-        return infos[-1].rebuild([next(flags) for _ in infos[-1].avals])
+        return infos[-1]
+
+    def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
+        """For a call, whether each output leaf carries a gradient (``None`` for Python values)."""
+        info = self.outputs(*args, **kwargs)
+        flags = iter(info.differentiable)
+        return info.rebuild([next(flags) for _ in info.avals])
+
+
+def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, setup_context, host, jit) -> None:
+    """Options that can't go together, refused when the function is made."""
+    if host and (forward_mode or setup_context is not None or jit):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            "host=True runs NumPy code that JAX can't transpose, trace or compile, so it can't be combined with "
+            "forward_mode=True, setup_context or jit=True; drop one of them",
+        )
+    if forward_mode and definition.once_differentiable:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            "it has forward_mode=True, whose tangent rule differentiates backward, but backward is marked "
+            "jaxfn.once_differentiable; drop one of the two",
+        )
 
 
 def _rebuild(name: str, forward_mode: bool, forward: Any, backward: Any, *rest: Any) -> AutogradFunction:
@@ -177,16 +141,6 @@ def _rebuild(name: str, forward_mode: bool, forward: Any, backward: Any, *rest: 
         output=output,
         jit=jit,
     )
-
-
-def _explain(err: Exception) -> str | None:
-    """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
-    text = str(err)
-    if _JVP_REFUSAL in text or _jax_private.refused_by_hijax(err):
-        return _FORWARD_MODE_HELP
-    if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
-        return _CLOSURE_HELP
-    return None
 
 
 def autograd_function(

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
-from . import _rule
 from ._arguments import DIFF, dtype_kind, leaf_kind
 from ._errors import GRADCHECK, AutogradFunctionValueError, GradcheckError, error
 from ._function import AutogradFunction
@@ -323,13 +322,9 @@ def _outputs_to_check(fn, args, kwargs, leaves, treedef) -> Callable[[Any], list
 def _output_flags(target: AutogradFunction, args: tuple, kwargs: dict) -> list[bool]:
     """One per output leaf: whether it carries a gradient (False for a Python value), from forward's
     output description, never by rebuilding its pytree around flags (a user's node may refuse them)."""
-    arguments, infos = target._definition.bind(args, kwargs), []
-    jax.eval_shape(
-        lambda *arrays: infos.append(_rule.primal(target._definition, arguments.structure(), arrays)[1]),
-        *arguments.arrays,
-    )
-    flags = iter(infos[-1].differentiable)
-    return [next(flags) if array else False for array in infos[-1].is_array]
+    info = target.outputs(*args, **kwargs)
+    flags = iter(info.differentiable)
+    return [next(flags) if array else False for array in info.is_array]
 
 
 def _is_inexact_array(value: Any) -> bool:

@@ -1,272 +1,330 @@
-"""``host=True``: forward and backward written in NumPy/SciPy, run through ``jax.pure_callback``.
+"""``host=True``: the builder for a forward and backward written in NumPy/SciPy.
 
-The user's forward and backward take and return NumPy arrays. jaxfn wraps them in a JAX-side
-forward and backward (then built like any other jaxfn function):
+Beside ``_reverse_mode`` (``jax.custom_vjp``) and ``_forward_mode`` (``jax.custom_jvp``), and on
+the same rule: forward runs with a fresh ``Context``, what it saves crosses to backward through
+``Context.to_residuals`` / ``from_residuals``, and backward's result is read and checked by
+``_gradients``. What is particular to host code:
 
-* the JAX-side forward calls the host forward through ``jax.pure_callback``, which returns the
-  output *and* every numeric value the host forward saved on ``ctx`` (carried to backward as
-  residuals, as arrays);
-* the JAX-side backward calls the host backward through ``jax.pure_callback`` with those values
-  and the grad_outputs, and gets one input-shaped gradient per differentiable array argument;
-* ``pure_callback`` needs the shapes and dtypes of what comes back before anything runs: jaxfn
-  derives them once per input signature by running the host forward on arrays of ones
-  (``probe``), or takes the output's from ``output=`` when the user declares it;
-* under ``vmap`` the host functions are called once per batch element (``vmap_method=
-  "sequential"``), so any NumPy code works batched;
-* neither host function can be differentiated by JAX: the first derivative goes through the
-  custom backward, and a second one is refused in jaxfn's words.
+* forward and backward run on the host, through ``jax.pure_callback`` (``_host_call``: once per
+  batch element under ``vmap``, exceptions raised again as themselves when JAX runs them at
+  once), and a second derivative is refused in jaxfn's words;
+* ``pure_callback`` must know the shapes and dtypes of what comes back before anything runs:
+  forward is probed once per signature on arrays of ones, or (if it fails there, a singular
+  matrix say) on seeded standard-normal arrays, and the output is checked against ``output=``
+  when the user declares it;
+* saved values cross exactly (``_host_values``): a float64 saved with x64 off is not narrowed;
+* an eager call (outside any trace) runs forward directly on NumPy arrays, with no callback.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from . import _arguments, _gradients, _host_values, _jax_private, _rule
+from . import _arguments, _context, _gradients, _host_values, _jax_private, _keys, _rule
 from ._arguments import DIFF, STATIC, Arguments
-from ._context import Context
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, reraise_from_callback, type_name
+from ._context import Context, Remainder
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
+from ._host_call import HostCall, bind
+from ._outputs import Outputs
 
 _NUMBERS = (int, float, complex, bool, np.generic)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Probe:
-    """What the host forward returns and saves, learnt once per input signature."""
+    """What the host forward returns and saves for one signature, learnt once."""
 
-    out_treedef: Any
-    out_specs: tuple[jax.ShapeDtypeStruct, ...]
-    saved_treedef: Any  # of (positional, named values, attribute values)
-    saved_names: tuple[tuple[str, ...], tuple[str, ...]]
-    saved_carries: tuple[Any, ...]  # how each saved leaf crosses to backward: see _host_values.carry
-    materialize: bool
-    non_differentiable: tuple[int, ...]  # output leaf positions marked by the host forward
+    flags: tuple[bool, ...]  # needs_input_grad, one per array
+    info: Outputs  # every output leaf is an array
+    remainder: Remainder  # the static part of forward's ctx
+    carries: tuple[Any, ...]  # how each saved leaf crosses to backward (_host_values.carry)
+    calls: threading.local = dataclasses.field(default_factory=threading.local)  # this probe's HostCalls, per thread
 
-
-def wrap(
-    name: str, forward: Callable[..., Any], backward: Callable[..., Any], output: Any
-) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The JAX-side forward and backward for a host (NumPy) forward and backward."""
-    _rule.check_definition(name, "forward", forward)
-    _rule.check_definition(name, "backward", backward)
-    signature = inspect.signature(forward)
-    probes: dict[Any, _Probe] = {}
-    varargs = _arguments.varargs_name(signature)
-
-    def jax_forward(ctx: Context, *call_args: Any, **call_kwargs: Any) -> Any:
-        bound = _arguments.bind(name, signature, call_args, call_kwargs)
-        args = _arguments.split(bound, varargs)
-        flags = tuple(ctx.needs_input_grad[n] for n in args.names)
-        probe = _probe_for(name, forward, signature, args, flags, output, probes)
-        host = functools.partial(_host_forward, name, forward, signature, args, flags, probe)
-        specs = (*probe.out_specs, *[s for s in map(_host_values.carried_spec, probe.saved_carries) if s is not None])
-        results = _callback(name, host, specs, *args.arrays)
-        outs, saved = results[: len(probe.out_specs)], results[len(probe.out_specs) :]
-        ctx.save_for_backward(*saved)
-        ctx.probe, ctx.args, ctx.flags = probe, args.structure(), flags
-        ctx.input_specs = tuple(jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in args.arrays)
-        out = jax.tree_util.tree_unflatten(probe.out_treedef, list(outs))
-        marked = [leaf for i, leaf in enumerate(jax.tree_util.tree_leaves(out)) if i in probe.non_differentiable]
-        ctx.mark_non_differentiable(*marked)
-        return out
-
-    def jax_backward(ctx: Context, *grad_outputs: Any) -> Any:
-        probe, args = ctx.probe, ctx.args
-        saved, inputs = ctx.saved_tensors, ctx.input_specs
-        wanted = [i for i, p in enumerate(args.array_positions) if args.kinds[p] == DIFF]
-        specs = tuple(inputs[i] for i in wanted)
-        leaves, treedef = jax.tree_util.tree_flatten(grad_outputs, is_leaf=lambda v: v is None)
-        present = [leaf for leaf in leaves if leaf is not None]
-        host = functools.partial(
-            _host_backward, name, backward, args, ctx.flags, probe, treedef, leaves, inputs, wanted
-        )
-        grads = _callback(name, host, specs, *saved, *present)
-        per_array: list[Any] = [None] * len(inputs)
-        for i, g in zip(wanted, grads):
-            per_array[i] = g
-        return _by_parameter(args, per_array)
-
-    jax_forward.__signature__ = signature  # type: ignore[attr-defined]
-    jax_forward.__name__ = getattr(forward, "__name__", "forward")
-    return jax_forward, jax_backward
+    @property
+    def carried(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+        return tuple(s for s in map(_host_values.carried_spec, self.carries) if s is not None)
 
 
-_ONCE = (
-    "it runs NumPy code on the host (host=True), which JAX can differentiate only through the custom "
-    "backward, once; a second derivative (jax.grad of jax.grad, jax.hessian) or forward mode can't go "
-    "through it; write forward and backward in JAX operations for higher derivatives"
-)
+class HostFunction:
+    """A host forward and backward (``definition``) and the output the user declared (or None).
+
+    ``build(args)`` is the traced call (as ``_reverse_mode.build(definition, args)``);
+    ``eager(args)`` the call outside any trace.
+    """
+
+    def __init__(self, definition: _rule.Definition, output: Any = None):
+        self.definition = definition
+        self.output = output
+        self._probes: dict[Any, _Probe] = {}
+
+    # -- the two calls -----------------------------------------------------------------------
+    def eager(self, args: Arguments) -> Any:
+        """Forward's output for one call outside any trace: forward runs on NumPy arrays, and
+        whatever it raises propagates untouched."""
+        arrays = _host_arrays(args.arrays)
+        flags = (False,) * len(arrays)
+        _, out = _run_forward(self.definition, args, arrays, flags)
+        probe = self._probe(args, arrays, flags)
+        return probe.info.rebuild([jnp.asarray(a) for a in _check_outputs(self.definition.name, probe, out)])
+
+    def outputs(self, args: Arguments) -> Outputs:
+        """The description of a call's output (what ``_rule.primal`` returns for other functions),
+        from the probe: forward's NumPy code never sees a tracer. Every leaf is an array."""
+        arrays = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in args.arrays]
+        return self._probe(args, arrays, (False,) * len(arrays)).info
+
+    def output_differentiable(self, args: Arguments) -> Any:
+        """For a call, whether each output leaf carries a gradient (``AutogradFunction.output_differentiable``)."""
+        info = self.outputs(args)
+        return info.rebuild(list(info.differentiable))
+
+    def build(self, args: Arguments) -> Callable[..., Any]:
+        """``call(*arrays)``: the full output, through a ``jax.custom_vjp`` whose forward and backward
+        call the host code. ``args`` is the call without its arrays."""
+        name = self.definition.name
+        traces: list[tuple[_Probe, list[Any], tuple[bool, ...]]] = []
+        infos: list[Outputs] = []
+
+        @jax.custom_vjp
+        def primal(*arrays: Any) -> Any:
+            probe = self._probe(args, arrays, (False,) * len(arrays))
+            infos.append(probe.info)
+            return tuple(bind(name, self._call(probe, args, "primal"), probe.info.avals, *arrays))
+
+        def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
+            arrays = [p.value for p in primals]
+            probe = self._probe(args, arrays, tuple(bool(p.perturbed) for p in primals))
+            infos.append(probe.info)
+            results = bind(name, self._call(probe, args, "forward"), (*probe.info.avals, *probe.carried), *arrays)
+            outs, carried = results[: len(probe.info.avals)], results[len(probe.info.avals) :]
+            traces.append((probe, _arguments.shape_dtypes(arrays), probe.flags))
+            return tuple(outs), (list(carried), jnp.zeros((0, len(traces) - 1), jnp.uint8))
+
+        def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
+            carried, token = residuals
+            probe, avals, perturbed = traces[token.shape[1]]
+            present = tuple(
+                flag and not isinstance(ct, SymbolicZero) for flag, ct in zip(probe.info.differentiable, cotangents)
+            )
+            wanted = [i for i, flag in enumerate(perturbed) if flag]
+            host = self._call(probe, args, "backward", present, avals)
+            given = [ct for ct, p in zip(cotangents, present) if p]
+            grads = iter(bind(name, host, tuple(avals[i] for i in wanted), *carried, *given) if wanted else ())
+            return tuple(next(grads) if flag else None for flag in perturbed)
+
+        primal.defvjp(fwd, bwd, symbolic_zeros=True)
+
+        def call(*arrays: Any) -> Any:
+            out = primal(*arrays)
+            return infos[-1].rebuild(out)
+
+        return call
+
+    # -- probes and callbacks ----------------------------------------------------------------
+    def _probe(self, args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> _Probe:
+        """The probe of this signature (shapes, dtypes, static values, flags, x64), run once."""
+        key = _signature_key(args, arrays, flags)
+        probe = self._probes.get(key) if key is not None else None
+        if probe is None:
+            probe = _run_probe(self.definition, args, arrays, flags, self.output)
+            if key is not None:
+                self._probes[key] = probe
+        return probe
+
+    def _call(self, probe: _Probe, args: Arguments, role: str, *extra: Any) -> HostCall:
+        """This thread's stable ``HostCall`` for one role (JAX's cache of compiled callbacks hits)."""
+        calls: dict[tuple[str, ...], HostCall] | None = getattr(probe.calls, "by_role", None)
+        if calls is None:
+            calls = probe.calls.by_role = {}
+        key = (role, *map(str, extra))
+        if key not in calls:
+            run = _host_backward if role == "backward" else _host_forward
+            definition, with_saved = self.definition, role == "forward"
+            calls[key] = HostCall(lambda *values: run(definition, args, probe, with_saved, *extra, *values))
+        return calls[key]
 
 
-def _callback(name: str, host: Callable[..., Any], specs: Any, *arrays: Any) -> Any:
-    """``jax.pure_callback`` (called once per batch element under ``vmap``), whose derivative is
-    refused in jaxfn's words rather than JAX's."""
-
-    @jax.custom_jvp
-    def call(*arrays: Any) -> Any:
-        return jax.pure_callback(host, specs, *arrays, vmap_method="sequential")
-
-    def refuse(primals: Any, tangents: Any) -> Any:
-        raise error(AutogradFunctionTypeError, name, _ONCE)
-
-    call.defjvp(refuse)
-    try:
-        return call(*arrays)
-    except jax.errors.JaxRuntimeError as err:  # run at once (no jit), a backward under jax.grad too
-        reraise_from_callback(err)
-        raise
+def _host_arrays(arrays: Any) -> list[np.ndarray]:
+    """The arrays as host code sees them: NumPy arrays of the dtypes JAX holds them in."""
+    return [np.asarray(a).astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False) for a in arrays]
 
 
-def _probe_for(name, forward, signature, args, flags, output, probes) -> _Probe:
-    """The shapes of what the host forward returns and saves, learnt once per signature."""
-    shapes = tuple((tuple(np.shape(a)), str(a.dtype)) for a in args.arrays)
-    key = (args.treedef, args.kinds, shapes, tuple(flags), _jax_private.x64())
-    try:
-        hash((key, args.statics))
-        key = (key, args.statics)
-    except TypeError:
-        key = None
-    if key is not None and key in probes:
-        return probes[key]
-    ctx, out = _probe_run(name, forward, signature, args, flags)
-    probe = _describe(name, ctx, out, output)
-    if key is not None:
-        probes[key] = probe
-    return probe
+def _signature_key(args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> Any:
+    """What a probe depends on; None when a static value has no key (then each call probes)."""
+    statics = []
+    for value, kind in zip(args.statics, args.kinds):
+        if kind == STATIC:
+            try:
+                statics.append(_keys.value_key(value))
+            except _keys.Unkeyable:
+                try:
+                    hash(value)
+                except TypeError:
+                    return None
+                statics.append((type(value), value))
+    shapes = tuple((tuple(np.shape(a)), str(jax.dtypes.canonicalize_dtype(a.dtype))) for a in arrays)
+    return (_keys.structure_key(args.treedef), args.kinds, tuple(statics), shapes, flags, _jax_private.x64())
 
 
-def _probe_run(name, forward, signature, args, flags) -> tuple[Context, Any]:
-    """Run the host forward on arrays of ones, or (if it fails there, a singular matrix say) on
-    seeded standard-normal arrays; raise naming both failures otherwise."""
-    rng = np.random.default_rng(0)
-    candidates = [
-        [np.ones(np.shape(a), _numpy_dtype(a.dtype)) for a in args.arrays],
-        [rng.standard_normal(np.shape(a)).astype(_numpy_dtype(a.dtype)) for a in args.arrays],
-    ]
-    failures = []
-    for arrays in candidates:
-        try:
-            return _run_host_forward(name, forward, signature, args, flags, arrays)
-        except AutogradFunctionError:
-            raise
-        except Exception as err:  # noqa: BLE001 - reported below with what the probe is for
-            failures.append(f"{type(err).__name__}: {err}")
-    raise error(
-        AutogradFunctionTypeError,
-        name,
-        "a host forward (host=True) is run once per input signature on example arrays (ones, then seeded "
-        "standard-normal values) to learn the shapes of what it returns and saves, but it failed on both "
-        f"({'; '.join(failures)}); make forward accept such inputs (it may branch on them)",
-    )
-
-
-def _numpy_dtype(dtype: Any) -> Any:
-    return np.dtype(dtype) if not jnp.issubdtype(dtype, jax.dtypes.extended) else np.uint32
-
-
-def _run_host_forward(name, forward, signature, args, flags, arrays) -> tuple[Context, Any]:
-    ctx = Context(name, dict(zip(args.names, flags)))
-    values = args.values([np.asarray(a) for a in arrays])
-    with np.errstate(all="ignore"):
-        out = _arguments.call_forward(forward, signature, ctx, args.names, values)
-    ctx._end_forward()
+# -- on the host ---------------------------------------------------------------------------------
+def _run_forward(definition: _rule.Definition, args: Arguments, arrays: Any, flags: Any) -> tuple[Context, Any]:
+    """The user's forward on NumPy arrays, with a fresh context (as ``_rule.run_forward``)."""
+    by_name, by_position = args.needs_input_grad(flags)
+    ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position)
+    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, args.values(arrays))
+    _context.end_forward(ctx)
     return ctx, out
 
 
-def _describe(name: str, ctx: Context, out: Any, output: Any) -> _Probe:
-    out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
-    for leaf in out_leaves:
-        if not isinstance(leaf, (np.ndarray, *_NUMBERS)):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"a host forward (host=True) must return NumPy arrays or numbers, but it returned {type_name(leaf)}",
-            )
-    specs = tuple(_host_values.spec(leaf) for leaf in out_leaves)
-    if output is not None:
-        declared, declared_treedef = jax.tree_util.tree_flatten(output)
-        if declared_treedef != out_treedef or any(
-            tuple(d.shape) != s.shape or np.dtype(d.dtype) != s.dtype for d, s in zip(declared, specs)
-        ):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"output= declares {[(tuple(d.shape), str(d.dtype)) for d in declared]}, but the host forward "
-                f"returned {[(s.shape, str(s.dtype)) for s in specs]}; declare what forward returns",
-            )
-    marked = {id(x) for x in ctx._state.non_differentiable}
-    state = ctx._state
-    held = (state.positional, tuple(state.named.values()), tuple(ctx._attrs.values()))
-    saved_leaves, saved_treedef = jax.tree_util.tree_flatten(held)
-    return _Probe(
-        out_treedef,
-        specs,
-        saved_treedef,
-        (tuple(state.named), tuple(ctx._attrs)),
-        tuple(_host_values.carry(name, leaf) for leaf in saved_leaves),
-        state.materialize,
-        tuple(i for i, leaf in enumerate(out_leaves) if id(leaf) in marked),
-    )
-
-
-def _host_forward(name, forward, signature, args, flags, probe, *arrays) -> tuple[Any, ...]:
-    """Runs on the host: the user's forward on NumPy arrays; its output and saved values."""
-    ctx, out = _run_host_forward(name, forward, signature, args, flags, arrays)
-    out_leaves = jax.tree_util.tree_leaves(out)
-    state = ctx._state
-    held = (state.positional, tuple(state.named.values()), tuple(ctx._attrs.values()))
-    saved_leaves = jax.tree_util.tree_leaves(held)
-    if len(out_leaves) != len(probe.out_specs) or len(saved_leaves) != len(probe.saved_carries):
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            "a host forward (host=True) must return and save the same structure on every call, but this call "
-            "differs from the first one of this signature; return and save values of fixed shapes",
-        )
-    results = [_host_values.conform(name, "output", leaf, spec) for leaf, spec in zip(out_leaves, probe.out_specs)]
-    for value, carry in zip(saved_leaves, probe.saved_carries):
-        results.extend(_host_values.send(name, value, carry))
+def _host_forward(definition: _rule.Definition, args: Arguments, probe: _Probe, with_saved: bool, *arrays: Any):
+    """Runs in the callback: forward's outputs, and (``with_saved``) what it saved, as they cross."""
+    name = definition.name
+    ctx, out = _run_forward(definition, args, [np.asarray(a) for a in arrays], probe.flags)
+    results = _check_outputs(name, probe, out)
+    if with_saved:
+        remainder, leaves = _host_values.split(ctx)
+        if (remainder.treedef, remainder.names) != (probe.remainder.treedef, probe.remainder.names):
+            raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="save"))
+        for leaf, carry in zip(leaves, probe.carries):
+            results.extend(_host_values.send(name, leaf, carry))
     return tuple(results)
 
 
-def _host_backward(name, backward, args, flags, probe, treedef, leaves, inputs, wanted, *values) -> tuple[Any, ...]:
-    """Runs on the host: the user's backward on NumPy arrays; one input-shaped gradient per wanted array,
-    checked as any backward's gradients are (``_gradients``), in NumPy."""
+_CHANGED = (
+    "a host forward (host=True) must {what} the same structure on every call, but this call differs from the "
+    "first one of this signature; return and save values of fixed structures and shapes"
+)
+
+
+def _check_outputs(name: str, probe: _Probe, out: Any) -> list[np.ndarray]:
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    if treedef != probe.info.treedef:
+        raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="return"))
+    return [_host_values.conform(name, "output", leaf, spec) for leaf, spec in zip(leaves, probe.info.avals)]
+
+
+def _host_backward(
+    definition: _rule.Definition,
+    args: Arguments,
+    probe: _Probe,
+    with_saved: bool,
+    present: tuple[bool, ...],
+    avals: list[Any],
+    *values: Any,
+) -> tuple[Any, ...]:
+    """Runs in the callback: the user's backward on NumPy arrays; one input-shaped gradient per
+    differentiated array, read and checked as any backward's are (``_gradients``)."""
+    name = definition.name
     values = tuple(np.asarray(v) for v in values)  # callbacks may hand over JAX arrays
-    n_saved = sum(_host_values.carried_spec(c) is not None for c in probe.saved_carries)
-    saved, grads_in = iter(values[:n_saved]), iter(values[n_saved:])
-    saved_leaves = [_host_values.receive(carry, saved) for carry in probe.saved_carries]
-    positional, named, attrs = jax.tree_util.tree_unflatten(probe.saved_treedef, saved_leaves)
-    ctx = Context(name, dict(zip(args.names, flags)))
-    ctx._state.positional, ctx._state.named = positional, dict(zip(probe.saved_names[0], named))
-    ctx._state.materialize = probe.materialize
-    for key, value in zip(probe.saved_names[1], attrs):
-        ctx._attrs[key] = value
-    ctx._end_forward()
-    grad_outputs = jax.tree_util.tree_unflatten(treedef, [None if v is None else next(grads_in) for v in leaves])
-    returned = backward(ctx, *grad_outputs)
-    by_name = _gradients.by_parameter(name, args, returned)
+    carried, given = iter(values[: len(probe.carried)]), iter(values[len(probe.carried) :])
+    ctx = _host_values.context(probe.remainder, [_host_values.receive(c, carried) for c in probe.carries])
+    grad_outputs = _grad_outputs(probe.info, present, given, ctx.materialize_grads)
+    _rule.check_backward_accepts(definition, ctx, grad_outputs)
+    returned = definition.backward(ctx, *grad_outputs)
+    grads = _gradients.by_parameter(name, args, returned)
     every = [args.kinds[p] == DIFF for p in args.array_positions]
-    cotangents = _gradients.to_cotangents(name, args, by_name, list(inputs), every, asarray=np.asarray)
+    cotangents = _gradients.to_cotangents(name, args, grads, avals, every, asarray=np.asarray)
     return tuple(
-        np.zeros(inputs[i].shape, inputs[i].dtype) if cotangents[i] is None else np.asarray(cotangents[i])
-        for i in wanted
+        np.zeros(aval.shape, aval.dtype) if ct is None else np.asarray(ct)
+        for ct, aval, flag in zip(cotangents, avals, probe.flags)
+        if flag
     )
 
 
-def _by_parameter(args: Arguments, per_array: list[Any]) -> dict[str, Any]:
-    """Per-array gradients as jaxfn's dict form, keyed by parameter name."""
-    leaves: list[Any] = [None] * len(args.kinds)
-    for position, grad in zip(args.array_positions, per_array):
-        leaves[position] = grad
-    values = jax.tree_util.tree_unflatten(
-        args.treedef, [None if k == STATIC else v for k, v in zip(args.kinds, leaves)]
+def _grad_outputs(info: Outputs, present: tuple[bool, ...], given: Any, materialize: bool) -> list[Any]:
+    """backward's grad_output arguments, NumPy zeros (or None) where no gradient flows."""
+    leaves = [
+        next(given) if p else (np.zeros(a.shape, a.dtype) if materialize else None) for p, a in zip(present, info.avals)
+    ]
+    tree = jax.tree_util.tree_unflatten(info.treedef, leaves)
+    return list(tree) if info.is_sequence else [tree]
+
+
+# -- the probe ---------------------------------------------------------------------------------
+def _run_probe(definition: _rule.Definition, args: Arguments, arrays: Any, flags: Any, output: Any) -> _Probe:
+    """Run the host forward on arrays of ones, or (if it fails there) on seeded standard-normal
+    arrays, and describe what it returns and saves."""
+    rng = np.random.default_rng(0)
+    shapes = [(tuple(np.shape(a)), _numpy_dtype(a.dtype)) for a in arrays]
+    candidates = [
+        [np.ones(shape, dtype) for shape, dtype in shapes],
+        [rng.standard_normal(shape).astype(dtype) for shape, dtype in shapes],
+    ]
+    failures: list[Exception] = []
+    for candidate in candidates:
+        try:
+            with np.errstate(all="ignore"):
+                ctx, out = _run_forward(definition, args, candidate, flags)
+        except AutogradFunctionError:
+            raise
+        except Exception as err:  # noqa: BLE001 - reported below with what the probe is for
+            if failures and (type(err), str(err)) == (type(failures[0]), str(failures[0])):
+                raise  # it fails whatever the values: the user's own exception, as an eager call raises it
+            failures.append(err)
+            continue
+        return _describe(definition.name, ctx, out, output, tuple(flags))
+    first, last = failures
+    raise error(
+        AutogradFunctionTypeError,
+        definition.name,
+        "a host forward (host=True) is run once per input signature on example arrays (ones, then seeded "
+        "standard-normal values) to learn the shapes of what it returns and saves, but it failed on both "
+        f"({type(first).__name__}: {first}; {type(last).__name__}: {last}); make forward accept such inputs "
+        "(it may branch on them)",
+    ) from last
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    dtype = jax.dtypes.canonicalize_dtype(dtype) if not jnp.issubdtype(dtype, jax.dtypes.extended) else np.uint32
+    return np.dtype(dtype)
+
+
+def _describe(name: str, ctx: Context, out: Any, output: Any, flags: tuple[bool, ...]) -> _Probe:
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    for leaf in leaves:
+        if not isinstance(leaf, (np.ndarray, *_NUMBERS)) or _arguments.dtype_kind(np.asarray(leaf).dtype) == STATIC:
+            what = f"a NumPy array of dtype {leaf.dtype}" if isinstance(leaf, np.ndarray) else type_name(leaf)
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"a host forward (host=True) must return NumPy arrays or numbers, but it returned {what}",
+            )
+    if not leaves:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"a host forward (host=True) must return NumPy arrays or numbers, but it returned {type_name(out)}",
+        )
+    specs = tuple(_host_values.spec(leaf) for leaf in leaves)
+    _check_declared(name, output, treedef, specs)
+    marked = {id(x) for x in _context.non_differentiable(ctx)}
+    differentiable = tuple(
+        id(leaf) not in marked and _arguments.dtype_kind(s.dtype) == DIFF for leaf, s in zip(leaves, specs)
     )
-    return dict(zip(args.names, values))
+    n = len(leaves)
+    info = Outputs(treedef, (None,) * n, (True,) * n, specs, differentiable, isinstance(out, (tuple, list)))
+    remainder, saved = _host_values.split(ctx)
+    return _Probe(flags, info, remainder, tuple(_host_values.carry(name, leaf) for leaf in saved))
+
+
+def _check_declared(name: str, output: Any, treedef: Any, specs: tuple[jax.ShapeDtypeStruct, ...]) -> None:
+    if output is None:
+        return
+    declared, declared_treedef = jax.tree_util.tree_flatten(output)
+    if declared_treedef != treedef or any(
+        tuple(d.shape) != s.shape or np.dtype(d.dtype) != s.dtype for d, s in zip(declared, specs)
+    ):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"output= declares {[(tuple(d.shape), str(d.dtype)) for d in declared]}, but the host forward "
+            f"returned {[(s.shape, str(s.dtype)) for s in specs]}; declare what forward returns",
+        )

@@ -1,8 +1,9 @@
 """How values cross between a host forward or backward (``host=True``, NumPy) and JAX.
 
 A host forward's output leaves become JAX arrays of the shapes and dtypes the probe learnt
-(``spec``, ``conform``). What it saves on ``ctx`` crosses to backward exactly (``carry``,
-``send``, ``receive``).
+(``spec``, ``conform``). What it saves on ``ctx`` crosses to backward as any context does
+(``Context.to_residuals`` / ``from_residuals``: ``split``, ``context``), each saved leaf exactly
+(``carry``, ``send``, ``receive``): JAX never narrows it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _keys
+from ._context import Context, Remainder
 from ._errors import AutogradFunctionTypeError, error, type_name
+
+
+def split(ctx: Context) -> tuple[Remainder, list[Any]]:
+    """A host forward's context: its static remainder, and every value it holds as a host value."""
+    arrays, remainder = ctx.to_residuals()  # JAX arrays only if host code made some
+    held = iter(arrays)
+    leaves = [np.asarray(next(held)) if a else s for s, a in zip(remainder.statics, remainder.is_array)]
+    bare = dataclasses.replace(remainder.state, non_differentiable=[])  # keeps no output of this call
+    return dataclasses.replace(remainder, state=bare, statics=(None,) * len(leaves)), leaves
+
+
+def context(remainder: Remainder, leaves: list[Any]) -> Context:
+    """The host backward's context, rebuilt from ``split``'s remainder and the values received."""
+    return Context.from_residuals(
+        [], dataclasses.replace(remainder, is_array=(False,) * len(leaves), statics=tuple(leaves))
+    )
+
 
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
 # exactly: an array of a dtype JAX holds as it is (a float32 array; a float64 one with x64 on) as

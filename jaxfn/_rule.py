@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _arguments, _gradients, _outputs
+from . import _arguments, _context, _gradients, _outputs
 from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
@@ -130,8 +130,8 @@ def run_forward(
     out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, values)
     if before is not None:
         _arguments.refuse_writes(definition.name, args.names, values, before)
-    ctx._end_forward()
-    out_arrays, info = _outputs.check(definition.name, out, ctx._state.non_differentiable)
+    non_differentiable = _context.end_forward(ctx)
+    out_arrays, info = _outputs.check(definition.name, out, non_differentiable)
     return ctx, out_arrays, info
 
 
@@ -153,7 +153,7 @@ def run_backward(
     """Call the user's backward on one cotangent per array output; one cotangent (or None) per
     array input, checked against that input. ``wanted[i]``: whether JAX differentiates input i."""
     grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads)
-    _check_backward_accepts(definition, ctx, grad_outputs)
+    check_backward_accepts(definition, ctx, grad_outputs)
     if definition.once_differentiable:
         returned = _call_once_differentiable(definition, ctx, grad_outputs)
     else:
@@ -222,7 +222,7 @@ def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: C
     return forward_with_context
 
 
-def _check_backward_accepts(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> None:
+def check_backward_accepts(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> None:
     if definition.backward_signature is None:
         return
     try:

@@ -1,0 +1,79 @@
+"""Calling host (NumPy) code from JAX with ``jax.pure_callback``, its exceptions kept intact.
+
+When JAX runs a callback at once (an eager call, an un-jitted ``jax.grad`` or ``jax.vjp``,
+an un-jitted ``jax.vmap``), an exception raised in it reaches Python as a ``JaxRuntimeError``
+whose text holds a traceback. ``HostCall`` keeps the exception object itself for the bind that
+ran it, and ``bind`` raises that very object (same type, whole message, ``KeyboardInterrupt``
+included). Under ``jax.jit`` the callback runs when the compiled program does, after ``bind``
+has returned, so JAX raises its own error at the user's call of the jitted function.
+
+A ``HostCall`` is stable (one per function, signature and thread), so JAX's cache of compiled
+callbacks hits on every eager call; ``armed`` is set only while its own thread's bind runs, so
+a jitted program that runs it later keeps nothing alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.core import Tracer
+
+from ._errors import AutogradFunctionTypeError, error
+
+ONCE = (
+    "it runs NumPy code on the host (host=True), which JAX can differentiate only through the custom "
+    "backward, once; a second derivative (jax.grad of jax.grad, jax.hessian) or forward mode can't go "
+    "through it; write forward and backward in JAX operations for higher derivatives"
+)
+
+
+class HostCall:
+    """A host function as ``jax.pure_callback`` calls it, keeping what it raises while armed."""
+
+    __slots__ = ("run", "armed", "raised")
+
+    def __init__(self, run: Callable[..., Any]):
+        self.run = run
+        self.armed = False
+        self.raised: BaseException | None = None
+
+    def __call__(self, *arrays: Any) -> Any:
+        try:
+            return self.run(*arrays)
+        except BaseException as err:
+            if self.armed:
+                self.raised = err
+            raise
+
+
+def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
+    """``host(*arrays)`` through ``jax.pure_callback`` (once per batch element under ``vmap``).
+
+    Its derivative is refused in jaxfn's words; an exception raised in host code while JAX runs
+    the callback at once is raised again as itself.
+    """
+
+    @jax.custom_jvp
+    def call(*arrays: Any) -> Any:
+        return jax.pure_callback(host, specs, *arrays, vmap_method="sequential")
+
+    def refuse(primals: Any, tangents: Any) -> Any:
+        raise error(AutogradFunctionTypeError, name, ONCE)
+
+    call.defjvp(refuse)
+    raised = None
+    host.armed, host.raised = True, None
+    try:
+        results = call(*arrays)
+        if all(isinstance(r, jax.Array) and not isinstance(r, Tracer) for r in results):
+            jax.block_until_ready(results)  # run at once: an asynchronous device reports here, not later
+        return results
+    except jax.errors.JaxRuntimeError:
+        raised = host.raised
+        if raised is None:
+            raise
+    finally:
+        host.armed, host.raised = False, None
+    raise raised  # the host code's own exception, outside the except clause: no JaxRuntimeError chained to it

@@ -1,0 +1,77 @@
+"""A call under a JAX transformation: the check before a builder runs, the builder's custom rule,
+and JAX's refusals said in jaxfn's words.
+
+Every mode's builder (``_reverse_mode``, ``_forward_mode``, ``host=True``) is called here the same
+way: ``build(definition, args)`` gives ``call(*arrays)``, the function's full output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from . import _arguments, _eager, _jax_private, _rule, _tracers
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
+
+# The words jax.custom_vjp's TypeError uses when forward mode reaches it.
+_JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+
+_FORWARD_MODE_HELP = (
+    "it was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or jax.hessian and jax.jvp of "
+    "jax.grad, which differentiate its gradient in forward mode), but it defines a backward (reverse mode) only, "
+    "and jax.custom_vjp refuses forward mode. Use reverse mode (jax.grad, jax.vjp, jax.jacrev; second "
+    "derivatives as jax.jacrev(jax.jacrev(f))), or build it with jaxfn.autograd_function(forward, backward, "
+    "forward_mode=True) (or forward_mode = True on a jaxfn.Function) so that the same backward also gives "
+    "forward mode"
+)
+
+_CLOSURE_HELP = (
+    "forward or backward (or a function passed to it as an argument) reads a value that JAX is tracing from "
+    "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), "
+    "but a custom rule can only give gradients for its own parameters, so that gradient would be lost; pass "
+    "the value to the function as an argument instead"
+)
+
+
+def call(
+    build: Callable[..., Any], definition: _rule.Definition, arguments: _arguments.Arguments, user: tuple[Any, ...]
+) -> Any:
+    """One traced call through ``build``'s custom rule; ``user``: the user's functions (forward,
+    backward), checked for differentiated values they hold."""
+    statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
+    own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
+
+    def differentiated(tracer: Any) -> bool:
+        return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
+
+    if _tracers.holds_tracer((user, statics), differentiated):
+        raise error(AutogradFunctionTypeError, definition.name, _CLOSURE_HELP)
+    rule = build(definition, arguments.structure())  # keeps no reference to the arrays
+    arrays = _rule.vary_together(arguments, arguments.arrays)
+    try:
+        try:
+            return rule(*arrays)
+        except NotImplementedError as err:
+            if not _jax_private.refused_in_eager_shard_map(err):
+                raise
+        # inside an un-jitted jax.shard_map: JAX takes the call under jit (Python outputs kept)
+        return _eager.keeping_python_values(jax.jit(lambda *a: _eager.box_python_values(rule(*a))))(*arrays)
+    except AutogradFunctionError:
+        raise
+    except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words
+        explanation = _explain(err)
+        if explanation is None:
+            raise
+        raise error(AutogradFunctionTypeError, definition.name, explanation) from err
+
+
+def _explain(err: Exception) -> str | None:
+    """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
+    text = str(err)
+    if _JVP_REFUSAL in text or _jax_private.refused_by_hijax(err):
+        return _FORWARD_MODE_HELP
+    if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
+        return _CLOSURE_HELP
+    return None
