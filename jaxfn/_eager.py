@@ -44,12 +44,10 @@ class Compiled:
         """The call whose arguments are one concrete JAX array per parameter, passed by position:
         ``jax.jit`` alone keys it (the arrays' shapes and dtypes are the whole signature). MISS
         for any other call."""
-        if len(args) != len(self._definition.positional or ()) or self._definition.positional is None:
+        positional = self._definition.positional
+        if positional is None or len(args) != len(positional):
             return MISS
-        for a in args:
-            if not isinstance(a, jax.Array):
-                return MISS
-        if not _jax_private.outside_traces(args):
+        if not _jax_private.concrete_arrays_outside_traces(args):
             return MISS
         return self._arrays_only(*args)
 
@@ -100,6 +98,8 @@ def keeping_python_values(jitted: Callable[..., Any]) -> Callable[..., Any]:
 
     def call(*args: Any) -> Any:
         out = jitted(*args)
+        if isinstance(out, jax.Array):
+            return out
         return jax.tree_util.tree_map(
             lambda leaf: leaf.value if isinstance(leaf, _PythonValue) else leaf,
             out,

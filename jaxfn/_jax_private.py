@@ -21,6 +21,21 @@ except ImportError:  # pragma: no cover - a JAX that moved it: every call counts
         return False
 
 
+try:  # the class of concrete JAX arrays, named without starting a backend
+    from jax._src.array import ArrayImpl as CONCRETE_ARRAY
+except ImportError:  # pragma: no cover - a JAX that moved it: no call takes the short path
+    CONCRETE_ARRAY = type("NoConcreteArray", (), {})
+
+
+def concrete_arrays_outside_traces(args: tuple[Any, ...]) -> bool:
+    """Whether every value is a concrete JAX array and no JAX transformation is active: the
+    cheapest test, for the short path of ``jit=True`` calls."""
+    for a in args:
+        if type(a) is not CONCRETE_ARRAY:
+            return False
+    return _trace_state_clean()
+
+
 def outside_traces(arrays: tuple[Any, ...] | list[Any]) -> bool:
     """Whether no JAX transformation is active and no array is a tracer (an eager call)."""
     return _trace_state_clean() and not any(isinstance(a, Tracer) for a in arrays)
