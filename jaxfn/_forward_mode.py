@@ -1,25 +1,40 @@
 """``forward_mode=True``: one ``jax.custom_jvp`` whose tangent rule is the transpose of backward.
 
-A correct backward is linear in its cotangents, so its transpose is the forward-mode
-derivative. jaxfn first proves that backward is linear (``_linearity``: an affine or non-linear
-backward is refused, never transposed), then transposes it with JAX's reverse mode: for a
-linear function, the VJP at any point is its transpose, and reverse mode knows how to go through
-other custom functions (``jax.custom_vjp``, other jaxfn functions) that backward may call.
-JAX's reverse mode transposes the tangent rule back, which gives exactly the user's backward:
-``jax.grad`` keeps the user's gradients (a straight-through estimator stays straight-through).
+A correct backward is linear in its cotangents, so its transpose is the forward-mode derivative.
+The gate rests on JAX's own transposition: jaxfn transposes backward with
+``jax.linear_transpose``, which fails on anything that is not linear in grad_output (``g * g``,
+``abs``, ``clip``, a comparison of ``g``, a ``while_loop`` JAX can't reverse), and adds the two
+checks JAX does not make (``_check_offset``):
+
+* a constant term: ``jax.linear_transpose`` transposes ``g + c`` as if ``c`` were not there, so
+  backward at zero cotangents (its offset) must be zero. Where forward's saved values are
+  concrete (no outer ``jit``), the offset is computed on them; in every case it is also computed
+  on probe values standing in for the saved arrays (seeded normal values, their negation, ones),
+  so a term that does not vanish for every value of them is refused under ``jit`` as eagerly;
+* a backward that ignores grad_output and returns a non-zero constant: the same check.
+
+What the probes can't see: an offset that is zero for each probe value and non-zero for the
+real ones (``g + relu(r - 100)`` under ``jit``), which is a backward that is wrong for some
+inputs and not for others; the README names it. Nested jaxfn functions that backward calls on
+grad_output are transposed through their forward's operations (``_rule.plain_forward``), as
+their value is what backward computes. JAX's reverse mode transposes the tangent rule back,
+which gives exactly the user's backward: ``jax.grad`` keeps the user's gradients.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
+from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from . import _arguments, _linearity, _rule
+from . import _arguments, _rule
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error
@@ -59,24 +74,12 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
         pullback = _pullback(definition, args, ctx, info, primals, perturbed, wanted, outs)
         examples = [_rule.zeros_like(out[i]) for i in outs]
-        try:
-            closed = jax.make_jaxpr(pullback)(*examples)
-        except _NEEDS_VALUES as err:
-            what = (
-                f"it needs the concrete value of grad_output ({type(err).__name__}), which a linear function never does"
-            )
-            raise error(AutogradFunctionTypeError, definition.name, NOT_LINEAR.format(what=what)) from None
-        try:
-            _linearity.check(closed, [args.paths[args.array_positions[i]] for i in wanted])
-        except _linearity.NotLinear as err:
-            raise error(AutogradFunctionTypeError, definition.name, NOT_LINEAR.format(what=err)) from None
-        try:
-            _, transpose = jax.vjp(_linearity.transposable(closed), *examples)  # linear: its VJP is its transpose
-            out_tangents = transpose([tangents[i] for i in wanted])
-        except Exception as err:  # noqa: BLE001 - any failure to transpose is reported in jaxfn's words
-            raise error(
-                AutogradFunctionTypeError, definition.name, NOT_LINEAR.format(what=f"transposing it failed: {err}")
-            ) from err
+        with _rule.plain_forward():
+            transpose = _linear_transpose(definition.name, pullback, examples)
+            out_tangents = _transposed(definition.name, transpose, [tangents[i] for i in wanted])
+            _check_offset(definition.name, pullback, examples, [args.paths[args.array_positions[i]] for i in wanted])
+        if any(isinstance(p, Tracer) for p in primals):
+            out = primal(*primals)  # an outer trace differentiates the output through this rule too
         return tuple(out), tuple(_all_tangents(info, outs, out_tangents))
 
     primal.defjvp(jvp, symbolic_zeros=True)
@@ -86,6 +89,93 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         return infos[-1].rebuild(out)
 
     return call
+
+
+def _linear_transpose(name: str, pullback: Callable[..., Any], examples: list[Any]) -> Callable[..., Any]:
+    try:
+        return jax.linear_transpose(pullback, *examples)
+    except _NEEDS_VALUES as err:
+        what = f"it needs the concrete value of grad_output ({type(err).__name__}), which a linear function never does"
+        raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what)) from None
+    except Exception as err:  # noqa: BLE001 - any failure to transpose is reported in jaxfn's words
+        raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=_failure(err))) from err
+
+
+def _transposed(name: str, transpose: Callable[..., Any], tangents: list[Any]) -> Any:
+    try:
+        return transpose(tangents)
+    except Exception as err:  # noqa: BLE001 - JAX transposes here: a non-linear operation fails now
+        raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=_failure(err))) from err
+
+
+def _failure(err: Exception) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if isinstance(err, AssertionError):  # JAX's transpose rules assert that one operand is constant
+        text = "it combines two values computed from grad_output (a product, a comparison, a select on it)"
+    elif "custom_vjp_call" in text:
+        text = (
+            "it calls a jax.custom_vjp function on grad_output, which JAX can't transpose; write that helper in "
+            "plain JAX operations or as a jaxfn function"
+        )
+    return f"JAX can't transpose it as a linear function of grad_output ({type(err).__name__}: {text[:300]})"
+
+
+def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], names: list[str]) -> None:
+    """Refuse a backward whose value at zero cotangents is not zero (an affine ``g + c``, or a
+    constant gradient): on the arrays backward reads (forward's saved values, constants) where
+    they are concrete, and on probe values standing in for every one of them. The values are
+    computed in a thread of their own, where no JAX trace is active (JAX's trace state is per
+    thread), so they are concrete under ``jit`` too and nothing reaches the compiled program."""
+    if not all(_holds_zero(e.dtype) for e in examples):
+        return  # float8_e8m0fnu has no zero: there is no zero cotangent to try (the README says so)
+    closed = jax.make_jaxpr(pullback)(*examples)
+    arrays = [isinstance(c, jax.Array) for c in closed.consts]
+    zeros = [np.zeros(np.shape(e), e.dtype) for e in examples]
+    real = None if any(isinstance(c, Tracer) for c in closed.consts) else list(closed.consts)
+
+    def offsets() -> list[tuple[list[np.ndarray], bool]]:  # in a thread of its own: no outer trace there
+        candidates = [(_probe(closed.consts, arrays, kind), False) for kind in ("normal", "negated", "ones")]
+        if real is not None:
+            candidates.insert(0, (real, True))  # the real values: a NaN offset counts too
+        run = [jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*zeros) for consts, _ in candidates]
+        return [([np.asarray(o) for o in out], is_real) for out, (_, is_real) in zip(run, candidates)]
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        evaluated = pool.submit(offsets).result()
+    for values, is_real in evaluated:
+        for where, value in zip(names, values):
+            if np.any((value != 0) & (True if is_real else np.isfinite(value))):
+                what = (
+                    f"its gradient for '{where}' is not zero when grad_output is zero (it has a constant term, "
+                    "as in g + c, or does not depend on grad_output)"
+                )
+                raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
+
+
+def _holds_zero(dtype: Any) -> bool:
+    return bool(np.abs(np.zeros((), dtype)) == 0)
+
+
+def _probe(consts: list[Any], arrays: list[bool], kind: str) -> list[Any]:
+    """Stand-ins for the arrays backward reads, whatever they hold (under ``jit`` nobody knows)."""
+    rng = np.random.default_rng(0)
+    return [_stand_in(rng, c, kind) if a else c for c, a in zip(consts, arrays)]
+
+
+def _stand_in(rng: np.random.Generator, const: Any, kind: str) -> Any:
+    shape, dtype = tuple(np.shape(const)), const.dtype
+    if jnp.issubdtype(dtype, jax.dtypes.extended):  # PRNG keys: some keys
+        return jax.random.split(jax.random.key(0), max(1, int(np.prod(shape)))).reshape(shape)
+    if jnp.issubdtype(dtype, jnp.bool_):
+        values = {"normal": rng.random(shape) < 0.5, "negated": np.zeros(shape, bool), "ones": np.ones(shape, bool)}
+        return jnp.asarray(values[kind])
+    if jnp.issubdtype(dtype, jnp.integer):
+        values = {"normal": rng.integers(0, 3, shape), "negated": np.zeros(shape), "ones": np.ones(shape)}
+        return jnp.asarray(values[kind], dtype)
+    normal = rng.standard_normal(shape)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        normal = normal + 1j * rng.standard_normal(shape)
+    return jnp.asarray({"normal": normal, "negated": -normal, "ones": np.ones(shape)}[kind], dtype)
 
 
 def _pullback(definition, args, ctx, info, primals, perturbed, wanted, outs) -> Callable[..., list[Any]]:

@@ -8,9 +8,11 @@ eager path call only the functions here; none of them reaches back into ``Autogr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -72,6 +74,27 @@ class Definition:
         """One call's arguments, bound to forward's parameters and split into leaves."""
         bound = _arguments.bind(self.name, self.signature, args, kwargs, self.positional)
         return _arguments.split(bound, self.varargs)
+
+
+_PLAIN = threading.local()
+
+
+@contextlib.contextmanager
+def plain_forward() -> Iterator[None]:
+    """Inside: jaxfn functions called under a trace run their forward's operations, with no
+    custom rule, so that JAX transposes them as plain code (forward mode's gate transposes a
+    backward through the jaxfn functions it calls, as their value is what backward computes)."""
+    previous = getattr(_PLAIN, "on", False)
+    _PLAIN.on = True
+    try:
+        yield
+    finally:
+        _PLAIN.on = previous
+
+
+def in_plain_forward() -> bool:
+    """Whether ``plain_forward`` is on in this thread."""
+    return getattr(_PLAIN, "on", False)
 
 
 def vary_together(args: Arguments, arrays: tuple[Any, ...]) -> tuple[Any, ...]:

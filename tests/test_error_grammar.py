@@ -13,7 +13,7 @@ import jaxfn
 
 PACKAGE = Path(jaxfn.__file__).resolve().parent
 # Exceptions raised and caught inside the package, never seen by a user.
-INTERNAL = {"NotLinear", "Unkeyable", "_PythonOutput"}
+INTERNAL = {"Unkeyable", "_PythonOutput"}
 # Python's own protocol: `hasattr(ctx, "__deepcopy__")` must get a silent AttributeError.
 PROTOCOL = "AttributeError(name)"
 # A user's own exception from host code (host=True), raised again as itself.

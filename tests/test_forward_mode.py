@@ -13,6 +13,13 @@ K = jax.random.split(jax.random.key(11), 4)
 X, W, B = jax.random.normal(K[0], (5, 3)), jax.random.normal(K[1], (4, 3)), jax.random.normal(K[2], (4,))
 
 
+_CANT_TRANSPOSE = "JAX can't transpose it as a linear function of grad_output"
+_COMBINES = _CANT_TRANSPOSE + r" \(AssertionError: it combines two values computed from grad_output"
+_CONSTANT_TERM = "its gradient for 'x' is not zero when grad_output is zero"
+_TRIPLE_VJP = jax.custom_vjp(lambda u: u * 3.0)
+_TRIPLE_VJP.defvjp(lambda u: (u * 3.0, None), lambda _, g: (g * 3.0,))
+
+
 def _close(got, want):
     for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
@@ -121,18 +128,18 @@ def test_class_attribute():
 @pytest.mark.parametrize(
     "backward, what",
     [
-        (lambda ctx, g: jnp.ones(2), "its gradient for 'x' does not depend on grad_output and is not zero"),
-        (lambda ctx, g: g**2, "the operation 'integer_pow' in backward is applied to a value computed from"),
-        (lambda ctx, g: g * g, "the operation 'mul' in backward multiplies two values computed from grad_output"),
-        (lambda ctx, g: jnp.clip(g, -1, 1), "the operation '(clamp|max|min|pjit|jit)'"),
-        (lambda ctx, g: jnp.where(g > 0, g, 0.0), "the operation 'gt' in backward is applied"),
-        (lambda ctx, g: g / jnp.linalg.norm(g), "the operation '(mul|sqrt|div|pow|reduce_sum|integer_pow)'"),
-        (lambda ctx, g: g + 1.0, "the operation 'add' in backward adds a term that does not depend on grad_output"),
-        (lambda ctx, g: g * 2.0 + ctx.bias, "the backward is affine"),
-        (lambda ctx, g: jax.nn.relu(g), "the operation 'max'"),
-        (lambda ctx, g: jax.lax.stop_gradient(g), "the operation 'stop_gradient'"),
-        (lambda ctx, g: jnp.where(ctx.mask, g, 1.0), "'select_n' in backward adds a term that does not depend"),
-        (lambda ctx, g: jax.lax.cond(g.sum() > 0, lambda: g, lambda: -g), "the operation '(reduce_sum|gt|cond)'"),
+        (lambda ctx, g: jnp.ones(2), _CONSTANT_TERM),
+        (lambda ctx, g: g**2, _CANT_TRANSPOSE + ".*integer_pow"),
+        (lambda ctx, g: g * g, _COMBINES),
+        (lambda ctx, g: jnp.clip(g, -1, 1), _CANT_TRANSPOSE + ".*'(clamp|max|min)'"),
+        (lambda ctx, g: jnp.where(g > 0, g, 0.0), _COMBINES),
+        (lambda ctx, g: g / jnp.linalg.norm(g), _CANT_TRANSPOSE + ".*nonlinear div"),
+        (lambda ctx, g: g + 1.0, _CONSTANT_TERM),
+        (lambda ctx, g: g * 2.0 + ctx.bias, _CONSTANT_TERM),
+        (lambda ctx, g: jax.nn.relu(g), _CANT_TRANSPOSE + ".*'max'"),
+        (lambda ctx, g: jax.lax.stop_gradient(g), _CANT_TRANSPOSE + ".*'stop_gradient'"),
+        (lambda ctx, g: jnp.where(ctx.mask, g, 1.0), _CONSTANT_TERM),
+        (lambda ctx, g: jax.lax.cond(g.sum() > 0, lambda: g, lambda: -g), _COMBINES),
     ],
     ids=[
         "ignores",
@@ -180,7 +187,6 @@ def _linear_backwards():
             - jnp.where(ctx.mask, g, 0.0)
         ),
         "matmul": lambda ctx, g: jnp.linalg.solve(m, m @ g),
-        "custom_vjp on g": lambda ctx, g: inner_vjp(g) / 3.0 * 2.0,
         "jaxfn on g": lambda ctx, g: triple(g) / 3.0 * 2.0,
         "jit on g": lambda ctx, g: jax.jit(lambda u: u * 2.0)(g),
         "cond on x": lambda ctx, g: jax.lax.cond(ctx.flag.sum() > 0, lambda: g * 2.0, lambda: g * 5.0),
@@ -222,13 +228,14 @@ def test_zero_gradients_are_linear():
     "backward, what",
     [
         (
-            lambda ctx, g: jnp.take(g, jnp.array([0, 1, 7]), mode="fill", fill_value=1.0)[:2] * 0 + g[:2].sum(),
-            "'gather' in backward fills out-of-bounds positions",
+            lambda ctx, g: jnp.take(g, jnp.array([0, 7]), mode="fill", fill_value=1.0) + g.sum(),
+            _CONSTANT_TERM,
         ),
-        (lambda ctx, g: g + 0.0 * jnp.array([jnp.inf, 1.0]), "the backward is affine"),
+        (lambda ctx, g: g + 0.0 * jnp.array([jnp.inf, 1.0]), "its gradient for 'x' is not zero when grad_output"),
         (lambda ctx, g: g * 2 if g.sum() > 0 else g, "it needs the concrete value of grad_output"),
+        (lambda ctx, g: _TRIPLE_VJP(g), "it calls a jax.custom_vjp function on grad_output, which JAX can't transpose"),
     ],
-    ids=["take fills with 1", "0 * inf", "branch on g"],
+    ids=["take fills with 1", "0 * inf (a NaN offset)", "branch on g", "custom_vjp on g"],
 )
 def test_more_backwards_that_are_not_linear(backward, what):
     f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, backward, name="f", forward_mode=True)
@@ -236,24 +243,23 @@ def test_more_backwards_that_are_not_linear(backward, what):
         jax.jvp(f, (jnp.ones(2),), (jnp.ones(2),))
 
 
-def test_a_custom_rule_called_on_grad_output_is_transposed_through_its_primal():
-    @jax.custom_vjp
-    def clip_gradient(g):  # identity, whose own backward clips: linear as a function, not as a rule
-        return g
-
-    clip_gradient.defvjp(lambda g: (g, None), lambda _, ct: (jnp.clip(ct, -1.0, 1.0),))
+def test_jaxfn_functions_called_on_grad_output_are_transposed_through_their_forward():
+    """backward's value is what the inner function's forward computes; its own backward (which
+    clips here) is not the transpose of that."""
+    clip_gradient = jaxfn.autograd_function(lambda ctx, g: g, lambda ctx, ct: jnp.clip(ct, -1.0, 1.0), name="clip")
     f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: clip_gradient(g) * 2.0, forward_mode=True)
     x, t = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5, -3.0, 2.0])
     _close(jax.jvp(f, (x,), (t,))[1], 2.0 * t)  # the transpose of what backward computes: g * 2
+    _close(jax.jit(lambda t: jax.jvp(f, (x,), (t,))[1])(t), 2.0 * t)
     _close(jax.grad(lambda x: (f(x) * 5.0).sum())(x), jnp.full(3, 10.0))  # backward's value, ct = 5
 
 
-def test_reduce_precision_of_grad_output_is_refused():
+def test_reduce_precision_of_grad_output_is_transposed_as_jax_does():
+    """JAX's transposition treats reduce_precision as linear (as it does a cast): so does the gate."""
     f = jaxfn.autograd_function(
-        lambda ctx, x: x * 1.0, lambda ctx, g: jax.lax.reduce_precision(g, 2, 2), name="rounds", forward_mode=True
+        lambda ctx, x: x * 1.0, lambda ctx, g: jax.lax.reduce_precision(g, 8, 7), name="rounds", forward_mode=True
     )
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'rounds': it has forward_mode=True.*reduce_precision"):
-        jax.jvp(f, (jnp.ones(1),), (jnp.array([0.5]),))
+    _close(jax.jvp(f, (jnp.ones(1),), (jnp.array([0.5]),))[1], jnp.array([0.5]))
 
 
 @pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])

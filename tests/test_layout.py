@@ -17,7 +17,6 @@ LAYERS = [
     "_context",
     "_outputs",
     "_gradients",
-    "_linearity",
     "_rule",
     "_reverse_mode",
     "_forward_mode",

@@ -87,10 +87,7 @@ def _ste_round(forward_mode):
     return jaxfn.autograd_function(lambda ctx, x: jnp.round(x), backward, name="ste", forward_mode=forward_mode), called
 
 
-@pytest.mark.parametrize(
-    "forward_mode",
-    [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="forward mode: in progress"))],
-)
+@pytest.mark.parametrize("forward_mode", [False, True])
 def test_the_output_of_an_inner_differentiation_is_differentiated_through_backward(maybe_jit, forward_mode):
     """jax.grad of value_and_grad's value equals jax.grad (SPEC section 12): the straight-through
     gradient, never forward's own math (round's derivative, 0)."""
