@@ -1,5 +1,8 @@
 """forward_mode=True: jvp, jacfwd and linearize from the same backward; reverse mode unchanged."""
 
+import collections
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -191,6 +194,9 @@ def _linear_backwards():
         "jit on g": lambda ctx, g: jax.jit(lambda u: u * 2.0)(g),
         "cond on x": lambda ctx, g: jax.lax.cond(ctx.flag.sum() > 0, lambda: g * 2.0, lambda: g * 5.0),
         "tile and split": lambda ctx, g: sum(jnp.split(jnp.tile(g, 2), 2)) * 1.5,
+        "fori_loop over g": lambda ctx, g: jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0 + jnp.roll(c, 1), g),
+        "checkpoint on g": lambda ctx, g: jax.checkpoint(lambda u: jnp.sin(ctx.flag) * u)(g),
+        "cond on x with g": lambda ctx, g: jax.lax.cond(ctx.flag[0] > 0, lambda u: u * 2.0, lambda u: -u, g),
         "scan over g": lambda ctx, g: (
             jax.lax.scan(lambda c, gi: (c + gi, c + 2.0 * gi), 0.0, g)[1]
             - jnp.cumsum(g)
@@ -277,3 +283,113 @@ def test_an_affine_backward_is_refused_whatever_its_saved_offset_holds(transform
     jvp = transform(lambda x: jax.jvp(lambda x: f(x, jnp.array(0.0)), (x,), (jnp.ones(3),))[1])
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'offset': it has forward_mode=True"):
         jvp(jnp.ones(3))
+
+
+def _max_pool(x):
+    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2,), (2,), "VALID")
+
+
+def test_a_max_pool_backward_is_accepted_and_correct(maybe_jit):
+    """Its backward is select_and_scatter_add, which JAX transposes (the old primitive table refused it)."""
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _max_pool(x)
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return jax.vjp(_max_pool, x)[1](g)[0]
+
+    pool = jaxfn.autograd_function(forward, backward, name="max_pool", forward_mode=True)
+    x, t = jnp.array([1.0, 3.0, -2.0, -5.0, 4.0, 0.5]), jnp.arange(6.0)
+    _close(maybe_jit(lambda x, t: jax.jvp(pool, (x,), (t,)))(x, t), jax.jvp(_max_pool, (x,), (t,)))
+    _close(maybe_jit(jax.jacfwd(pool))(x), jax.jacfwd(_max_pool)(x))
+
+
+def test_a_tridiagonal_solve_backward_is_accepted_and_correct(maybe_jit):
+    dl, d, du = jnp.array([0.0, 1.0, 1.0]), jnp.array([4.0, 5.0, 6.0]), jnp.array([1.0, 1.0, 0.0])
+    dense = jnp.diag(d) + jnp.diag(dl[1:], -1) + jnp.diag(du[:-1], 1)
+
+    def forward(ctx, b):
+        return jax.lax.linalg.tridiagonal_solve(dl, d, du, b[:, None])[:, 0]
+
+    def backward(ctx, g):  # the transposed system: a tridiagonal solve of g
+        return jax.lax.linalg.tridiagonal_solve(jnp.roll(du, 1), d, jnp.roll(dl, -1), g[:, None])[:, 0]
+
+    solve = jaxfn.autograd_function(forward, backward, name="tridiagonal", forward_mode=True)
+    b = jnp.array([1.0, -2.0, 0.5])
+    _close(maybe_jit(jax.jacfwd(solve))(b), jnp.linalg.inv(dense))
+
+
+@pytest.mark.parametrize(
+    "backward",
+    [
+        lambda ctx, g: jax.lax.scan(lambda c, gi: (c, gi + ctx.saved_tensors[0][0]), 0.0, g)[1],
+        lambda ctx, g: jax.lax.cond(ctx.saved_tensors[0][0] > 10, lambda: g, lambda: g + 1.0),
+        lambda ctx, g: jax.jit(lambda u, r: u * 2.0 + r)(g, ctx.saved_tensors[0]),
+        lambda ctx, g: jax.checkpoint(lambda u: u - ctx.saved_tensors[0])(g),
+        lambda ctx, g: jax.lax.fori_loop(0, 2, lambda i, c: c + ctx.saved_tensors[0], g),
+        lambda ctx, g: _AFFINE(g, ctx.saved_tensors[0]),
+    ],
+    ids=["scan", "cond", "jit", "checkpoint", "fori_loop", "nested jaxfn"],
+)
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_affine_backwards_are_refused_through_control_flow_and_nesting(backward, transform):
+    """A term that does not depend on grad_output, hidden inside scan, cond, jit, checkpoint, a
+    loop or another jaxfn function, is found eagerly and under jit (saved values unknown there)."""
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    f = jaxfn.autograd_function(forward, backward, name="affine", forward_mode=True)
+    jvp = transform(lambda x: jax.jvp(f, (x,), (jnp.ones(3),))[1])
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'affine': .*" + _CONSTANT_TERM):
+        jvp(jnp.array([1.0, 2.0, 3.0]))
+
+
+_AFFINE = jaxfn.autograd_function(lambda ctx, u, r: u + r, lambda ctx, g: (g, g), name="inner_affine")
+
+
+def test_a_while_loop_over_g_is_refused_in_jaxfns_words():
+    f = jaxfn.autograd_function(
+        lambda ctx, x: x * 2.0,
+        lambda ctx, g: jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 2.0), (0, g))[1],
+        name="loops",
+        forward_mode=True,
+    )
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'loops': .*" + _CANT_TRANSPOSE + ".*while_loop"):
+        jax.jvp(f, (jnp.ones(2),), (jnp.ones(2),))
+
+
+def test_the_gate_adds_nothing_to_the_compiled_program():
+    """The constant-term check runs at trace time in a thread of its own: the compiled program of
+    jit(jvp) is a hand-written custom_jvp's, opcode for opcode."""
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: g * 2.0, name="double", forward_mode=True)
+    plain = jax.custom_jvp(lambda x: x * 2.0)
+    plain.defjvp(lambda p, t: (p[0] * 2.0, t[0] * 2.0))
+
+    def opcodes(g):
+        text = jax.jit(lambda x: jax.jvp(g, (x,), (x,))).lower(jnp.ones(3)).compile().as_text()
+        return collections.Counter(re.findall(r" = \S+ (\w[\w-]*)\(", text))
+
+    assert opcodes(f) == opcodes(plain)
+
+
+@pytest.mark.parametrize(
+    "second",
+    [jax.hessian, lambda f: jax.jacfwd(jax.jacrev(f)), lambda f: jax.jacrev(jax.jacrev(f))],
+    ids=["hessian", "jacfwd of jacrev", "jacrev of jacrev"],
+)
+def test_second_derivatives_in_forward_mode_match_plain_math(maybe_jit, second):
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return jnp.sin(x) * x
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (jnp.cos(x) * x + jnp.sin(x))
+
+    f = jaxfn.autograd_function(forward, backward, name="xsin", forward_mode=True)
+    x = jnp.array([0.3, -1.2, 2.0])
+    _close(maybe_jit(second(lambda x: f(x).sum()))(x), second(lambda x: (jnp.sin(x) * x).sum())(x))
