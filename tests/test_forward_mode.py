@@ -344,7 +344,8 @@ def test_affine_backwards_are_refused_through_control_flow_and_nesting(backward,
 
     f = jaxfn.autograd_function(forward, backward, name="affine", forward_mode=True)
     jvp = transform(lambda x: jax.jvp(f, (x,), (jnp.ones(3),))[1])
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'affine': .*" + _CONSTANT_TERM):
+    # (with jax_remat3 on, JAX can't transpose a checkpoint at all: refused as not transposable)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=rf"'affine': .*({_CONSTANT_TERM}|{_CANT_TRANSPOSE})"):
         jvp(jnp.array([1.0, 2.0, 3.0]))
 
 
