@@ -112,7 +112,7 @@ def _failure(err: Exception) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
     if isinstance(err, AssertionError):  # JAX's transpose rules assert that one operand is constant
         text = "it combines two values computed from grad_output (a product, a comparison, a select on it)"
-    elif "custom_vjp_call" in text:
+    elif "custom_vjp_call" in text or "CustomVJPTraced" in text:  # the second: with jax_custom_vjp3 on
         text = (
             "it calls a jax.custom_vjp function on grad_output, which JAX can't transpose; write that helper in "
             "plain JAX operations or as a jaxfn function"
