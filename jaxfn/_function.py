@@ -40,7 +40,10 @@ class AutogradFunction:
         jit: bool = False,
     ):
         self.name = name if name is not None else getattr(forward, "__name__", "function")
-        self._given = (forward, backward, setup_context, host, output, jit)  # what pickling rebuilds from
+        self._given = (forward, backward)  # with _options: what pickling rebuilds from
+        self._options = dict(
+            name=self.name, forward_mode=forward_mode, setup_context=setup_context, host=host, output=output, jit=jit
+        )
         self._definition = _rule.Definition.of(self.name, forward, backward, setup_context)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
         _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
@@ -61,7 +64,7 @@ class AutogradFunction:
         return f"<jaxfn.AutogradFunction '{self.name}'>"
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (self.name, self.forward_mode, *self._given))
+        return (_rebuild, (*self._given, self._options))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._compiled is not None and not kwargs:
@@ -129,18 +132,8 @@ def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, 
         )
 
 
-def _rebuild(name: str, forward_mode: bool, forward: Any, backward: Any, *rest: Any) -> AutogradFunction:
-    setup_context, host, output, jit = rest
-    return AutogradFunction(
-        forward,
-        backward,
-        name=name,
-        forward_mode=forward_mode,
-        setup_context=setup_context,
-        host=host,
-        output=output,
-        jit=jit,
-    )
+def _rebuild(forward: Any, backward: Any, options: dict[str, Any]) -> AutogradFunction:
+    return AutogradFunction(forward, backward, **options)
 
 
 def autograd_function(
