@@ -34,7 +34,7 @@ from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from . import _arguments, _rule
+from . import _arguments, _jax_private, _rule
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error
@@ -133,7 +133,13 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
     zeros = [np.zeros(np.shape(e), e.dtype) for e in examples]
     real = None if any(isinstance(c, Tracer) for c in closed.consts) else list(closed.consts)
 
+    x64 = _jax_private.x64()  # a setting of this thread (jax.enable_x64 as a context), carried over
+
     def offsets() -> list[tuple[list[np.ndarray], bool]]:  # in a thread of its own: no outer trace there
+        with jax.enable_x64(x64):
+            return _offsets()
+
+    def _offsets() -> list[tuple[list[np.ndarray], bool]]:
         candidates = [(_probe(closed.consts, arrays, kind), False) for kind in ("normal", "negated", "ones")]
         if real is not None:
             candidates.insert(0, (real, True))  # the real values: a NaN offset counts too

@@ -3,6 +3,8 @@
 import collections
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -397,3 +399,25 @@ def test_second_derivatives_in_forward_mode_match_plain_math(maybe_jit, second):
     f = jaxfn.autograd_function(forward, backward, name="xsin", forward_mode=True)
     x = jnp.array([0.3, -1.2, 2.0])
     _close(maybe_jit(second(lambda x: f(x).sum()))(x), second(lambda x: (jnp.sin(x) * x).sum())(x))
+
+
+def test_the_gate_keeps_an_x64_context_of_the_callers_thread():
+    """The offset check runs in a thread of its own; a ``jax.enable_x64`` context (a per-thread
+    setting) must reach it, or float64 values would meet float32 ones there. Run with x64 off
+    globally, as a user's process is."""
+    script = (
+        "import jax, jax.numpy as jnp, numpy as np, jaxfn\n"
+        "assert not jax.config.jax_enable_x64\n"
+        "def forward(ctx, x):\n"
+        "    ctx.save_for_backward(x)\n"
+        "    return x * x\n"
+        "f = jaxfn.autograd_function(forward, lambda ctx, g: g * 2 * ctx.saved_tensors[0], forward_mode=True)\n"
+        "with jax.enable_x64(True):\n"
+        "    x = jnp.arange(3.0, dtype=jnp.float64)\n"
+        "    t = jax.jit(lambda x: jax.jvp(f, (x,), (x,))[1])(x)\n"
+        "    assert t.dtype == jnp.float64 and np.allclose(t, [0.0, 2.0, 8.0])\n"
+        "    assert jaxfn.gradcheck(f, np.arange(3.0))\n"
+        "print('OK')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-2000:]
