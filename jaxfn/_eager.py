@@ -8,6 +8,7 @@ with ``jit=True`` (``Compiled``): ``jax.jit``'s semantics, keyed strictly on sta
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -59,9 +60,7 @@ class Compiled:
         return self._jitted(key, args.arrays)
 
     def _run(self, key: _Signature, arrays: tuple[Any, ...]) -> Any:
-        args = key.args
-        out = self._traced(Arguments(args.names, args.treedef, args.kinds, args.statics, tuple(arrays), args.varargs))
-        return box_python_values(out)
+        return box_python_values(self._traced(dataclasses.replace(key.args, arrays=tuple(arrays))))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -156,15 +155,10 @@ def _hashable(treedef: Any) -> bool:
 
 
 def _static_key(name: str, args: Arguments, position: int, value: Any) -> Any:
-    """A static value's strict key; for other hashable values (a function, a frozen config), the
-    value itself, compared with ``==`` as ``jax.jit`` compares static arguments."""
+    """A static value's key (``_keys.static_key``); an unhashable one is refused naming it."""
     try:
-        return _keys.value_key(value)
+        return _keys.static_key(value)
     except _keys.Unkeyable:
-        pass
-    try:
-        hash(value)
-    except TypeError:
         raise error(
             AutogradFunctionTypeError,
             name,
@@ -172,4 +166,3 @@ def _static_key(name: str, args: Arguments, position: int, value: Any) -> Any:
             f"arguments, so it must be hashable, but '{args.paths[position]}' is {type_name(value)}, which is not; "
             "pass a hashable value (a tuple, a frozen dataclass), or drop jit=True to run forward op by op",
         ) from None
-    return type(value), value

@@ -81,11 +81,6 @@ class HostFunction:
         arrays = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in args.arrays]
         return self._probe(args, arrays, (False,) * len(arrays)).info
 
-    def output_differentiable(self, args: Arguments) -> Any:
-        """For a call, whether each output leaf carries a gradient (``AutogradFunction.output_differentiable``)."""
-        info = self.outputs(args)
-        return info.rebuild(list(info.differentiable))
-
     def build(self, args: Arguments) -> Callable[..., Any]:
         """``call(*arrays)``: the full output, through a ``jax.custom_vjp`` whose forward and backward
         call the host code. ``args`` is the call without its arrays."""
@@ -159,28 +154,18 @@ def _host_arrays(arrays: Any) -> list[np.ndarray]:
 
 def _signature_key(args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> Any:
     """What a probe depends on; None when a static value has no key (then each call probes)."""
-    statics = []
-    for value, kind in zip(args.statics, args.kinds):
-        if kind == STATIC:
-            try:
-                statics.append(_keys.value_key(value))
-            except _keys.Unkeyable:
-                try:
-                    hash(value)
-                except TypeError:
-                    return None
-                statics.append((type(value), value))
+    try:
+        statics = [_keys.static_key(value) for value, kind in zip(args.statics, args.kinds) if kind == STATIC]
+    except _keys.Unkeyable:
+        return None
     shapes = tuple((tuple(np.shape(a)), str(jax.dtypes.canonicalize_dtype(a.dtype))) for a in arrays)
     return (_keys.structure_key(args.treedef), args.kinds, tuple(statics), shapes, flags, _jax_private.x64())
 
 
 # -- on the host ---------------------------------------------------------------------------------
 def _run_forward(definition: _rule.Definition, args: Arguments, arrays: Any, flags: Any) -> tuple[Context, Any]:
-    """The user's forward on NumPy arrays, with a fresh context (as ``_rule.run_forward``)."""
-    by_name, by_position = args.needs_input_grad(flags)
-    ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position)
-    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, args.values(arrays))
-    _context.end_forward(ctx)
+    """The user's forward on NumPy arrays, with a fresh context (the rule's, as for any forward)."""
+    ctx, out, _ = _rule.forward_with_context(definition, args, arrays, flags)
     return ctx, out
 
 

@@ -48,6 +48,21 @@ def value_key(value: Any) -> Any:
     raise Unkeyable
 
 
+def static_key(value: Any) -> Any:
+    """A static argument's key: ``value_key``, or, for another hashable value (a function, a frozen
+    config), the value itself, compared with ``==`` as ``jax.jit`` compares static arguments.
+    Raises ``Unkeyable`` for an unhashable value."""
+    try:
+        return value_key(value)
+    except Unkeyable:
+        pass
+    try:
+        hash(value)
+    except TypeError:
+        raise Unkeyable from None
+    return type(value), value
+
+
 def structure_key(treedef: Any) -> Any:
     """A treedef with the static data of custom pytree nodes keyed strictly (``1`` and ``1.0`` differ)."""
     node_type, _ = treedef.node_data() or (None, None)

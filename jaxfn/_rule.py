@@ -145,6 +145,17 @@ def run_forward(
     # JAX may hand a custom rule a Python scalar for a weak-typed input: make every input an array,
     # or forward's output could look like a Python value (with no gradient).
     arrays = [a if isinstance(a, jax.Array) else jnp.asarray(a) for a in arrays]
+    ctx, out, non_differentiable = forward_with_context(definition, args, arrays, perturbed)
+    out_arrays, info = _outputs.check(definition.name, out, non_differentiable)
+    return ctx, out_arrays, info
+
+
+def forward_with_context(
+    definition: Definition, args: Arguments, arrays: Any, perturbed: Any
+) -> tuple[Context, Any, list[Any]]:
+    """The user's forward on ``arrays`` (JAX arrays, or NumPy ones for host code) with a fresh
+    context: the context, forward's output as returned, and the outputs it marked
+    non-differentiable."""
     by_name, by_position = args.needs_input_grad(perturbed)
     ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position)
     values = args.values(arrays)
@@ -153,9 +164,7 @@ def run_forward(
     out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, values)
     if before is not None:
         _arguments.refuse_writes(definition.name, args.names, values, before)
-    non_differentiable = _context.end_forward(ctx)
-    out_arrays, info = _outputs.check(definition.name, out, non_differentiable)
-    return ctx, out_arrays, info
+    return ctx, out, _context.end_forward(ctx)
 
 
 def primal(definition: Definition, args: Arguments, arrays: Any) -> tuple[list[Any], _outputs.Outputs]:

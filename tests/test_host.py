@@ -548,3 +548,16 @@ def test_gradcheck_of_a_host_function_leaves_out_its_non_differentiable_output()
     assert f.output_differentiable(X) == (True, False)
     assert jaxfn.gradcheck(f, X)
     np.testing.assert_allclose(jax.grad(lambda x: f(x)[0].sum())(X), jnp.cosh(X), rtol=1e-12)
+
+
+def test_a_host_forward_writing_into_its_dict_argument_is_refused():
+    """The host builder runs forward through the rule's own forward_with_context, so a write into
+    a container argument (which would never reach the caller) is refused as for any forward."""
+
+    def forward(ctx, d):
+        d["extra"] = d["x"] * 2
+        return d["x"] * 3
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: {"d": {"x": g * 3}}, host=True, name="writes")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'writes': forward must leave its arguments as it"):
+        f({"x": jnp.ones(2)})
