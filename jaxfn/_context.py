@@ -141,6 +141,8 @@ class _State:
     in_forward: bool = True
     positional: tuple[Any, ...] = ()
     named: dict[str, Any] = dataclasses.field(default_factory=dict)
+    forward_positional: tuple[Any, ...] = ()  # ctx.save_for_forward: what a user's jvp reads
+    forward_named: dict[str, Any] = dataclasses.field(default_factory=dict)
     non_differentiable: list[Any] = dataclasses.field(default_factory=list)
     materialize: bool = True
 
@@ -193,6 +195,14 @@ class Context:
         self._forward_only("save_for_backward")
         self._state.positional = values
         self._state.named = named
+
+    def save_for_forward(self, *values: Any, **named: Any) -> None:
+        """Save values for a ``jvp`` rule (PyTorch's ``ctx.save_for_forward``): jvp reads them as
+        ``ctx.saved_tensors`` (by position) and ``ctx.saved_variables`` (by name). A later call
+        replaces what an earlier one saved."""
+        self._forward_only("save_for_forward")
+        self._state.forward_positional = values
+        self._state.forward_named = named
 
     def mark_non_differentiable(self, *outputs: Any) -> None:
         """Declare outputs (the very values forward returns) that carry no gradient."""
@@ -293,7 +303,11 @@ class Context:
         arrays = [leaf for (_, leaf), array in zip(with_paths, is_array) if array]
         statics = tuple(None if array else leaf for (_, leaf), array in zip(with_paths, is_array))
         remainder = Remainder(
-            dataclasses.replace(state, inputs=(), positional=(), named={}), names, treedef, is_array, statics
+            dataclasses.replace(state, inputs=(), positional=(), named={}, forward_positional=(), forward_named={}),
+            names,
+            treedef,
+            is_array,
+            statics,
         )
         return arrays, remainder
 
@@ -342,6 +356,22 @@ def end_forward(ctx: Context) -> list[Any]:
     forward marked non-differentiable. What the rule and the host builder call after forward."""
     ctx._end_forward()
     return non_differentiable(ctx)
+
+
+def for_jvp(ctx: Context) -> Context:
+    """The context a user's ``jvp`` reads: what forward saved with ``ctx.save_for_forward`` as
+    its saved values, and forward's attributes."""
+    state = ctx._state
+    view = Context.__new__(Context)
+    object.__setattr__(
+        view,
+        "_state",
+        dataclasses.replace(
+            state, inputs=(), in_forward=False, positional=state.forward_positional, named=dict(state.forward_named)
+        ),
+    )
+    object.__setattr__(view, "_attrs", dict(ctx._attrs))
+    return view
 
 
 def non_differentiable(ctx: Context) -> list[Any]:

@@ -8,7 +8,18 @@ from typing import Any
 
 import jax
 
-from . import _arguments, _eager, _forward_mode, _host, _jax_private, _outputs, _reverse_mode, _rule, _traced
+from . import (
+    _arguments,
+    _eager,
+    _forward_mode,
+    _host,
+    _jax_private,
+    _outputs,
+    _primitive,
+    _reverse_mode,
+    _rule,
+    _traced,
+)
 from ._errors import AutogradFunctionTypeError, error
 
 
@@ -38,15 +49,27 @@ class AutogradFunction:
         host: bool = False,
         output: Any = None,
         jit: bool = False,
+        jvp: Callable[..., Any] | None = None,
+        vmap: Callable[..., Any] | None = None,
     ):
         self.name = name if name is not None else getattr(forward, "__name__", "function")
         self._given = (forward, backward)  # with _options: what pickling rebuilds from
         self._options = dict(
-            name=self.name, forward_mode=forward_mode, setup_context=setup_context, host=host, output=output, jit=jit
+            name=self.name,
+            forward_mode=forward_mode,
+            setup_context=setup_context,
+            host=host,
+            output=output,
+            jit=jit,
+            jvp=jvp,
+            vmap=vmap,
         )
-        self._definition = _rule.Definition.of(self.name, forward, backward, setup_context)
+        self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
         _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
+        self._primitive = jvp is not None or vmap is not None  # built on a hijax primitive (_primitive)
+        if self._primitive:
+            _primitive.require(self.name)
         self._host = _host.HostFunction(self._definition, output) if host else None
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
@@ -82,10 +105,13 @@ class AutogradFunction:
 
     def _traced(self, arguments: _arguments.Arguments) -> Any:
         """The call under a JAX transformation, through this mode's builder."""
-        return _traced.call(self._build, self._definition, arguments, (self.forward, self.backward))
+        user = (self.forward, self.backward, self._options["jvp"], self._options["vmap"])
+        return _traced.call(self._build, self._definition, arguments, user)
 
     def _build(self, definition: _rule.Definition, args: _arguments.Arguments) -> Any:
         """This mode's custom rule for one call structure: ``call(*arrays)``."""
+        if self._primitive:
+            return _primitive.build(definition, args, self._host, self.forward_mode)
         if self._host is not None:
             return self._host.build(args)
         return (_forward_mode.build if self.forward_mode else _reverse_mode.build)(definition, args)
@@ -123,6 +149,20 @@ def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, 
             "host=True runs NumPy code that JAX can't transpose, trace or compile, so it can't be combined with "
             "forward_mode=True, setup_context or jit=True; drop one of them",
         )
+    if forward_mode and definition.jvp is not None:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            "it has a jvp rule and forward_mode=True, which would derive another jvp from backward; drop "
+            "forward_mode=True to use your jvp, or drop the jvp to derive it",
+        )
+    if host and definition.jvp is not None:
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            "host=True runs NumPy code, and a jvp rule on host code is not supported; drop the jvp (reverse mode "
+            "and vmap rules work with host=True)",
+        )
     if forward_mode and definition.once_differentiable:
         raise error(
             AutogradFunctionTypeError,
@@ -146,6 +186,8 @@ def autograd_function(
     host: bool = False,
     output: Any = None,
     jit: bool = False,
+    jvp: Callable[..., Any] | None = None,
+    vmap: Callable[..., Any] | None = None,
 ) -> AutogradFunction:
     """Make a differentiable JAX function from a ``forward`` and a ``backward``, as R torch does.
 
@@ -217,6 +259,8 @@ def autograd_function(
         host=host,
         output=output,
         jit=jit,
+        jvp=jvp,
+        vmap=vmap,
     )
 
 
@@ -279,11 +323,27 @@ class Function:
     host: bool = False  # forward and backward in NumPy, through jax.pure_callback
     output: Any = None  # with host: the output's ShapeDtypeStruct (else derived once)
     jit: bool = False  # compile eager calls with jax.jit, once per call signature
+    generate_vmap_rule: bool = False  # PyTorch's flag: True means JAX's own batching (the default without vmap)
     _jaxfn: AutogradFunction | None = None
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
-        forward, backward = getattr(cls, "forward", None), getattr(cls, "backward", None)
+        forward, backward, vjp = getattr(cls, "forward", None), getattr(cls, "backward", None), getattr(cls, "vjp", None)
+        jvp, vmap = getattr(cls, "jvp", None), getattr(cls, "vmap", None)
+        if backward is not None and vjp is not None:
+            raise error(
+                AutogradFunctionTypeError,
+                cls.__name__,
+                "it defines both backward and vjp, which are two names for the same rule (as in PyTorch); keep one",
+            )
+        if vmap is not None and cls.generate_vmap_rule:
+            raise error(
+                AutogradFunctionTypeError,
+                cls.__name__,
+                "it sets generate_vmap_rule = True, which asks for JAX's own batching, and defines a vmap rule too "
+                "(as in PyTorch, the two exclude each other); drop one",
+            )
+        backward = backward if backward is not None else vjp
         cls._jaxfn = None
         if forward is not None and backward is not None:
             cls._jaxfn = AutogradFunction(
@@ -295,6 +355,8 @@ class Function:
                 host=cls.host,
                 output=cls.output,
                 jit=cls.jit,
+                jvp=jvp,
+                vmap=vmap,
             )
 
     @classmethod

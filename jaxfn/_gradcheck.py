@@ -25,6 +25,8 @@ def gradcheck(
     rtol: float | None = None,
     order: int | None = None,
     raise_exception: bool | None = None,
+    check_forward_ad: bool | None = None,
+    check_batched_grad: bool | None = None,
     **kwargs: Any,
 ) -> bool:
     """Check the gradients of ``fn`` (its custom backward) against central finite differences.
@@ -53,6 +55,11 @@ def gradcheck(
       atol, rtol: a gradient passes where ``|analytical - numerical| <= atol + rtol * |numerical|``.
       order: 1 checks backward; 2 also checks the derivative of backward.
       raise_exception: raise on failure (the default), or return False.
+      check_forward_ad: also check forward mode (a ``jvp`` rule, or the one ``forward_mode=True``
+        derives): each leaf's directional derivative from ``jax.jvp`` against finite differences.
+      check_batched_grad: also check the function under ``jax.vmap``: the outputs and gradients of
+        a batch of three inputs (``x`` and two nearby points) against the same computed one
+        example at a time (a ``vmap`` rule, and backward under ``vmap``).
 
     Returns:
       True when every check passes (False on failure with ``raise_exception=False``).
@@ -68,7 +75,15 @@ def gradcheck(
     >>> jaxfn.gradcheck(square, jnp.array([1.0, 2.0]))
     True
     """
-    options = {"eps": eps, "atol": atol, "rtol": rtol, "order": order, "raise_exception": raise_exception}
+    options = {
+        "eps": eps,
+        "atol": atol,
+        "rtol": rtol,
+        "order": order,
+        "raise_exception": raise_exception,
+        "check_forward_ad": check_forward_ad,
+        "check_batched_grad": check_batched_grad,
+    }
     _refuse_ambiguous_options(fn, [name for name, value in options.items() if value is not None])
     eps, atol, rtol = 1e-6 if eps is None else eps, 1e-5 if atol is None else atol, 1e-3 if rtol is None else rtol
     order, raise_exception = 1 if order is None else order, True if raise_exception is None else raise_exception
@@ -76,7 +91,7 @@ def gradcheck(
         raise error(AutogradFunctionValueError, GRADCHECK, f"order must be 1 or 2, but got {order!r}")
     try:
         with jax.enable_x64(True):  # JAX's context manager: restores whatever setting (or context) was in force
-            return _gradcheck(fn, args, kwargs, eps, atol, rtol, order)
+            return _gradcheck(fn, args, kwargs, eps, atol, rtol, order, bool(check_forward_ad), bool(check_batched_grad))
     except GradcheckError:
         if raise_exception:
             raise
@@ -101,7 +116,7 @@ def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
         )
 
 
-def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
+def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batched_grad=False) -> bool:
     with_paths, treedef = tree_flatten_with_path((args, kwargs))
     leaves = [_as_checked(leaf) for _, leaf in with_paths]
     floating = [i for i, leaf in enumerate(leaves) if leaf_kind(leaf) == DIFF]
@@ -150,6 +165,12 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order) -> bool:
         u = _random_like(rng, x0)
         second = lambda diff: _vdot(u, jax.grad(scalar)(diff))  # noqa: E731
         _check(second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)")
+    if forward_ad:
+        cotangent = _random_like(rng, out_shapes)
+        scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
+        _check_forward(scalar, x0, checked_labels, eps, atol, rtol, rng)
+    if batched_grad:
+        _check_batched(lambda diff: select(call(diff)), x0, checked_labels, out_shapes, atol, rtol, rng)
     return True
 
 
@@ -261,14 +282,80 @@ def _check(scalar, x0, labels, eps, atol, rtol, rng, what) -> None:
             _locate(scalar, x0, k, analytical[k], label, eps, atol, rtol, what)
 
 
+def _check_forward(scalar, x0, labels, eps, atol, rtol, rng) -> None:
+    """Forward mode: each leaf's directional derivative (``jax.jvp``) along one random direction
+    against finite differences; a failing leaf located element by element."""
+    for k, (label, leaf) in enumerate(zip(labels, x0)):
+        direction = _random_like(rng, leaf)
+        expected = float(_directional(scalar, x0, k, direction))
+        numerical = float(_central(scalar, x0, k, direction, eps))
+        if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
+            numerical
+        ):
+            analytical = _along_basis(lambda d, k=k: _directional(scalar, x0, k, d), x0[k])
+            _locate(scalar, x0, k, analytical, label, eps, atol, rtol, " in forward mode (jvp)")
+
+
+def _directional(scalar, x0, k, direction):
+    """The derivative of ``scalar`` at ``x0`` along ``direction`` in leaf ``k``, by ``jax.jvp``."""
+    tangents = [direction if i == k else jnp.zeros_like(leaf) for i, leaf in enumerate(x0)]
+    return jax.jvp(scalar, (x0,), (tangents,))[1]
+
+
+def _along_basis(along, leaf) -> Any:
+    """``along`` of every unit vector of ``leaf``, in JAX's gradient convention for complex leaves
+    (Re(g * 1) and Re(g * i) give the real and minus the imaginary part)."""
+    size, shape = int(np.size(leaf)), np.shape(leaf)
+    basis = jnp.eye(size, dtype=leaf.dtype).reshape((size, *shape))
+    values = jax.vmap(along)(basis).reshape(shape)
+    if jnp.iscomplexobj(leaf):
+        values = values - 1j * jax.vmap(along)(1j * basis).reshape(shape)
+    return values
+
+
+def _check_batched(f, x0, labels, out_shapes, atol, rtol, rng) -> None:
+    """``f`` and its gradient under ``jax.vmap`` over three inputs against the same, one at a time."""
+    points = [x0] + [[x + 1e-3 * _random_like(rng, x) for x in x0] for _ in range(2)]
+    stacked = [jnp.stack(leaves) for leaves in zip(*points)]
+    cotangent = _random_like(rng, out_shapes)
+    scalar = lambda diff: _vdot(cotangent, f(diff))  # noqa: E731
+    for what, g in (("the output", f), ("the gradient", jax.grad(scalar))):
+        batched = jax.vmap(g)(stacked)
+        one_by_one = [g(point) for point in points]
+        names = labels if what == "the gradient" else [f"output {i}" for i in range(len(one_by_one[0]))]
+        for k, name in enumerate(names):
+            _compare_batched(what, name, np.asarray(batched[k]), [np.asarray(o[k]) for o in one_by_one], atol, rtol)
+
+
+def _compare_batched(what: str, name: str, batched: np.ndarray, one_by_one: list[np.ndarray], atol, rtol) -> None:
+    expected = np.stack(one_by_one)
+    if batched.shape != expected.shape:
+        raise error(
+            GradcheckError,
+            GRADCHECK,
+            f"{what} for {name} under jax.vmap has shape {batched.shape}, but computed one example at a time it has "
+            f"{expected.shape}; check the function's vmap rule",
+        )
+    finite = np.isfinite(batched) & np.isfinite(expected)
+    excess = np.where(finite, np.abs(batched - expected) - (atol + rtol * np.abs(expected)), np.inf)
+    excess = np.where(np.isnan(batched) & np.isnan(expected), -1, excess)
+    if not np.any(excess > 0):
+        return
+    worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), excess.shape))
+    raise error(
+        GradcheckError,
+        GRADCHECK,
+        f"{what} for {name} under jax.vmap disagrees with the same computed one example at a time; worst at batch "
+        f"element {worst[0]}, index {worst[1:]}: batched {batched[worst]:.6g}, one at a time {expected[worst]:.6g} "
+        f"(|difference| {abs(batched[worst] - expected[worst]):.3g} > atol {atol:g} + rtol {rtol:g} * |value|); "
+        "check the function's vmap rule, or its backward under vmap",
+    )
+
+
 def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what) -> None:
     """Finite differences for every element of leaf ``k``; raise naming the worst one."""
-    size, shape = int(np.size(x0[k])), np.shape(x0[k])
-    basis = jnp.eye(size, dtype=x0[k].dtype).reshape((size, *shape))
-    along = jax.vmap(lambda d: _central(scalar, x0, k, d, eps))
-    numerical = along(basis).reshape(shape)
-    if jnp.iscomplexobj(x0[k]):  # Re(g * 1) and Re(g * i) give the real and (minus) imaginary parts
-        numerical = numerical - 1j * along(1j * basis).reshape(shape)
+    size = int(np.size(x0[k]))
+    numerical = _along_basis(lambda d: _central(scalar, x0, k, d, eps), x0[k])
     analytical, numerical = np.asarray(analytical), np.asarray(numerical)
     finite = np.isfinite(analytical) & np.isfinite(numerical)
     excess = np.where(finite, np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical)), np.inf)

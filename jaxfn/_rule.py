@@ -37,6 +37,8 @@ class Definition:
     varargs: str | None  # forward's *args parameter
     user_functions: tuple[Callable[..., Any], ...]  # what the user wrote (the eager path reads them)
     once_differentiable: bool  # backward may not be differentiated again
+    jvp: Callable[..., Any] | None = None  # the user's jvp(ctx, *tangents), if any
+    vmap: Callable[..., Any] | None = None  # the user's vmap(info, in_dims, *args), if any
 
     @classmethod
     def of(
@@ -45,8 +47,18 @@ class Definition:
         forward: Callable[..., Any],
         backward: Callable[..., Any],
         setup_context: Callable[..., Any] | None = None,
+        jvp: Callable[..., Any] | None = None,
+        vmap: Callable[..., Any] | None = None,
     ) -> Definition:
         check_definition(name, "backward", backward)
+        if jvp is not None:
+            check_definition(name, "jvp", jvp)
+        if vmap is not None and not callable(vmap):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"vmap must be a function vmap(info, in_dims, *args), but got {type_name(vmap)}",
+            )
         user_functions: tuple[Callable[..., Any], ...] = (forward,)
         if setup_context is None:
             check_definition(name, "forward", forward)
@@ -68,6 +80,8 @@ class Definition:
             _arguments.varargs_name(signature),
             user_functions,
             bool(getattr(backward, ONCE_DIFFERENTIABLE, False)),
+            jvp,
+            vmap,
         )
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Arguments:
@@ -193,6 +207,15 @@ def run_backward(
     grads = _gradients.by_parameter(definition.name, args, returned)
     return _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
 
+
+FORWARD_MODE_HELP = (
+    "it was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or jax.hessian and jax.jvp of "
+    "jax.grad, which differentiate its gradient in forward mode), but it defines a backward (reverse mode) only, "
+    "and jax.custom_vjp refuses forward mode. Use reverse mode (jax.grad, jax.vjp, jax.jacrev; second "
+    "derivatives as jax.jacrev(jax.jacrev(f))), or build it with jaxfn.autograd_function(forward, backward, "
+    "forward_mode=True) (or forward_mode = True on a jaxfn.Function) so that the same backward also gives "
+    "forward mode"
+)
 
 ONCE_DIFFERENTIABLE = "_jaxfn_once_differentiable"
 

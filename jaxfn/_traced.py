@@ -18,15 +18,6 @@ from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
 _JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
 
-_FORWARD_MODE_HELP = (
-    "it was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or jax.hessian and jax.jvp of "
-    "jax.grad, which differentiate its gradient in forward mode), but it defines a backward (reverse mode) only, "
-    "and jax.custom_vjp refuses forward mode. Use reverse mode (jax.grad, jax.vjp, jax.jacrev; second "
-    "derivatives as jax.jacrev(jax.jacrev(f))), or build it with jaxfn.autograd_function(forward, backward, "
-    "forward_mode=True) (or forward_mode = True on a jaxfn.Function) so that the same backward also gives "
-    "forward mode"
-)
-
 _CLOSURE_HELP = (
     "forward or backward (or a function passed to it as an argument) reads a value that JAX is tracing from "
     "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), "
@@ -74,7 +65,7 @@ def _explain(err: Exception) -> str | None:
     """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
     text = str(err)
     if _JVP_REFUSAL in text or _jax_private.refused_by_hijax(err):
-        return _FORWARD_MODE_HELP
+        return _rule.FORWARD_MODE_HELP
     if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
         return _CLOSURE_HELP
     return None

@@ -24,6 +24,7 @@ LAYERS = [
     "_host_values",
     "_host_call",
     "_host",
+    "_primitive",
     "_traced",
     "_function",
     "_gradcheck",

@@ -1,0 +1,503 @@
+"""Builder for functions with a user ``jvp`` or ``vmap`` rule: one JAX hijax primitive per call
+structure, carrying reverse mode, forward mode and batching rules together.
+
+``jax.custom_vjp`` can carry a backward only; JAX's hijax primitive (``VJPHiPrimitive`` in jax
+0.10 and 0.11, ``HiPrim`` from 0.12, both in ``jax.experimental.hijax``) holds an implementation
+(``expand``), reverse mode (``vjp_fwd``/``vjp_bwd_retval``), forward mode (``jvp``,
+``lin``/``linearized``) and batching (``batch``) in one primitive. This module is the only one
+that imports it, and where JAX versions differ it is here.
+
+The rules, each on one call's flat arrays (``_Rules``):
+
+* ``primal``: forward's outputs (``_rule.primal``; a host function's callback);
+* ``fwd``/``bwd``: reverse mode, from the user's backward through the same rule as
+  ``_reverse_mode`` (forward's context crosses as residuals, its static part per trace behind a
+  zero-size token); for ``host=True``, the host builder's ``jax.custom_vjp`` differentiated by
+  ``jax.vjp``;
+* ``jvp``: the user's ``jvp(ctx, *tangents)``, reading what forward saved with
+  ``ctx.save_for_forward``; or, with ``forward_mode=True``, ``_forward_mode``'s derived rule
+  through ``jax.jvp``; or none (forward mode refused in jaxfn's words);
+* ``vmap``: the user's ``vmap(info, in_dims, *args)``; without one, the batched call is a new
+  primitive whose rules are the rules above under ``jax.vmap`` (JAX batches forward, backward
+  and jvp's operations; gradients of a batched call still come from backward).
+
+Where a rule runs on another trace's tracers (``jax.hessian``: forward mode over reverse), its
+output is the primitive applied again, so that the outer trace differentiates it through these
+rules too; its residuals are the rule's own operations, differentiated as plain JAX code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import Tracer
+from jax.custom_derivatives import SymbolicZero
+
+from . import _arguments, _context, _forward_mode, _reverse_mode, _rule
+from ._arguments import DIFF, Arguments, dtype_kind
+from ._context import Context
+from ._errors import AutogradFunctionTypeError, error, type_name
+from ._outputs import Outputs
+
+try:  # experimental JAX API: the class moved between versions (see the module docstring)
+    from jax.experimental import hijax as _hijax
+
+    _BASE: Any = getattr(_hijax, "HiPrim", None) or getattr(_hijax, "VJPHiPrimitive", None)
+    _Zero: Any = _hijax.Zero
+    _ShapedArray: Any = _hijax.ShapedArray
+except ImportError:  # pragma: no cover - a JAX without hijax primitives
+    _BASE = _Zero = _ShapedArray = None
+
+NEEDED = (
+    "it has a jvp or vmap rule, which jaxfn builds on JAX's hijax primitive "
+    "(jax.experimental.hijax.VJPHiPrimitive, from jax 0.10), but this JAX ({version}) has none; upgrade JAX"
+)
+
+
+def require(name: str) -> None:
+    """Refuse a function with a ``jvp`` or ``vmap`` rule where this JAX has no hijax primitive."""
+    if _BASE is None:
+        raise error(AutogradFunctionTypeError, name, NEEDED.format(version=jax.__version__))
+
+
+@dataclasses.dataclass(frozen=True)
+class VmapInfo:
+    """What a user's ``vmap(info, in_dims, *args)`` rule gets first, as in PyTorch.
+
+    ``batch_size``: the size of the mapped axis. ``randomness``: always ``"error"``: JAX has no
+    global randomness mode; random values come from key arguments, and ``in_dims`` says whether
+    a key is batched.
+    """
+
+    batch_size: int
+    randomness: str = "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rules:
+    """One call's rules, on flat tuples of arrays (see the module docstring)."""
+
+    name: str
+    in_diff: tuple[bool, ...]  # per input: whether it is a float/complex array (it has a cotangent)
+    out_diff: tuple[bool, ...]  # per output: whether it carries a tangent
+    primal: Callable[..., tuple[Any, ...]]
+    fwd: Callable[..., tuple[tuple[Any, ...], Any]]  # fwd(perturbed, *arrays) -> (outs, residuals)
+    bwd: Callable[..., list[Any]]  # bwd(residuals, cts) -> per input: a cotangent if in_diff, else None
+    jvp: Callable[..., tuple[Any, Any]]  # jvp(perturbed, primals, tangents) -> (outs, per out_diff)
+    forward_mode: bool  # whether jvp is the user's or derived (else JAX refuses it: no jax.linearize)
+    vmap: Callable[..., tuple[Any, Any]] | None  # vmap(size, dims, *arrays) -> (outs, out_dims)
+
+
+class _Identity:
+    """A primitive's only parameter: equal to itself alone (each call structure its own primitive)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+if _BASE is not None:
+
+    class _Primitive(_BASE):
+        """One call structure's primitive; the rules are ``_Rules``."""
+
+        def __init__(self, rules: _Rules, in_avals: tuple[Any, ...], out_avals: tuple[Any, ...]):
+            self.in_avals = tuple(in_avals)
+            self.out_aval = tuple(out_avals)
+            self.params = {"jaxfn": _Identity(rules.name)}
+            self.rules = rules
+            super().__init__()
+
+        def expand(self, *arrays: Any) -> tuple[Any, ...]:
+            return tuple(self.rules.primal(*arrays))
+
+        def vjp_fwd(self, perturbed: Any, *arrays: Any) -> tuple[Any, Any]:
+            out, residuals = self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays)
+            return self._again(arrays, out), residuals
+
+        def vjp_bwd_retval(self, residuals: Any, cotangents: Any) -> tuple[Any, ...]:
+            cts = [SymbolicZero(None) if isinstance(c, _Zero) else c for c in cotangents]  # type: ignore[arg-type]
+            grads = self.rules.bwd(residuals, cts)
+            return tuple(_zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
+
+        def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
+            perturbed = tuple(not isinstance(t, _Zero) for t in tangents)
+            given = [None if isinstance(t, _Zero) else t for t in tangents]
+            out, out_tangents = self.rules.jvp(perturbed, tuple(primals), given)
+            handed = iter(out_tangents)
+            out_tangents = [next(handed) if d else _Zero(_tangent_aval(a)) for d, a in zip(self.rules.out_diff, self.out_aval)]
+            return self._again(primals, out), tuple(out_tangents)
+
+        def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
+            # jax.linearize: the tangent function is the jvp rule on the primals, kept as residuals
+            if not self.rules.forward_mode:  # refused now, not when the tangent function runs
+                raise error(AutogradFunctionTypeError, self.rules.name, _rule.FORWARD_MODE_HELP)
+            return self._again(primals, None), tuple(primals)
+
+        def linearized(self, primals: Any, *tangents: Any) -> tuple[Any, ...]:
+            return self.jvp(primals, tangents)[1]
+
+        def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
+            size = axis_data.size
+            if self.rules.vmap is not None:
+                return self.rules.vmap(size, tuple(dims), *arrays)
+            vmap = functools.partial(
+                jax.vmap,
+                axis_size=size,
+                axis_name=getattr(axis_data, "name", None),
+                spmd_axis_name=getattr(axis_data, "spmd_name", None),
+            )
+            batched = _batched_rules(self.rules, tuple(dims), vmap)
+            in_avals = tuple(a if d is None else _batched_aval(a, size) for a, d in zip(self.in_avals, dims))
+            out_avals = tuple(_batched_aval(a, size) for a in self.out_aval)
+            front = tuple(a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, dims))
+            out = _Primitive(batched, in_avals, out_avals)(*front)
+            return out, (0,) * len(out)
+
+        def _again(self, arrays: Any, out: Any) -> tuple[Any, ...]:
+            """The output: the rule's own, or, on an outer trace's tracers, this primitive again."""
+            if out is None or any(isinstance(a, Tracer) for a in arrays):
+                return tuple(self(*arrays))
+            return tuple(out)
+
+
+def _batched_aval(aval: Any, size: int) -> Any:
+    return _ShapedArray((size, *aval.shape), aval.dtype, weak_type=aval.weak_type)
+
+
+def _batched_rules(rules: _Rules, dims: tuple[Any, ...], vmap: Callable[..., Any]) -> _Rules:
+    """The rules of a batched call without a user vmap rule: each rule under ``jax.vmap``
+    (inputs batched at axis 0 or not at all; outputs and residuals batched at axis 0)."""
+    axes = tuple(None if d is None else 0 for d in dims)
+
+    def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> Any:
+        return vmap(functools.partial(rules.fwd, perturbed), in_axes=axes, out_axes=0)(*arrays)
+
+    def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
+        present = [not isinstance(c, SymbolicZero) for c in cotangents]
+
+        def one(residuals: Any, given: list[Any]) -> list[Any]:
+            handed = iter(given)
+            grads = rules.bwd(residuals, [next(handed) if p else SymbolicZero(None) for p in present])  # type: ignore[arg-type]
+            return [g for g, d in zip(grads, rules.in_diff) if d]
+
+        grads = iter(vmap(one, in_axes=(0, 0), out_axes=0)(residuals, [c for c, p in zip(cotangents, present) if p]))
+        # an unbatched input's cotangent is the sum over the batch, as JAX's own batching gives
+        return [(next(grads) if a == 0 else next(grads).sum(0)) if d else None for a, d in zip(axes, rules.in_diff)]
+
+    def jvp(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> Any:
+        def one(primals: tuple[Any, ...], given: list[Any]) -> Any:
+            handed = iter(given)
+            return rules.jvp(perturbed, primals, [next(handed) if p else None for p in perturbed])
+
+        given = [t for t in tangents if t is not None]
+        given_axes = [a for a, t in zip(axes, tangents) if t is not None]
+        return vmap(one, in_axes=(axes, given_axes), out_axes=0)(primals, given)
+
+    primal = vmap(rules.primal, in_axes=axes, out_axes=0)
+    return dataclasses.replace(rules, primal=primal, fwd=fwd, bwd=bwd, jvp=jvp, vmap=None)
+
+
+def _zeros(aval: Any) -> Any:
+    """A zero cotangent for an input of this aval (float0 for integer inputs)."""
+    if dtype_kind(aval.dtype) == DIFF:
+        return jnp.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+def _tangent_aval(aval: Any) -> Any:
+    return aval.to_tangent_aval() if hasattr(aval, "to_tangent_aval") else aval.at_least_vspace()
+
+
+def build(
+    definition: _rule.Definition, args: Arguments, host: Any = None, forward_mode: bool = False
+) -> Callable[..., Any]:
+    """``call(*arrays)``: the function's full output, through one primitive over the arrays.
+
+    ``host``: the ``_host.HostFunction`` of a ``host=True`` function (its callbacks are the
+    primal and reverse mode); ``forward_mode``: derive the jvp rule from backward where the user
+    gave none. ``args`` is the call without its arrays.
+    """
+    name = definition.name
+    in_diff = tuple(args.kinds[i] == DIFF for i in args.array_positions)
+    infos: list[Outputs] = []
+
+    if host is not None:
+        host_call = host.build(args)
+
+        def primal(*arrays: Any) -> tuple[Any, ...]:
+            return tuple(jax.tree_util.tree_leaves(host_call(*arrays)))
+
+        fwd, bwd = _through_vjp(primal, infos)
+    else:
+
+        def primal(*arrays: Any) -> tuple[Any, ...]:
+            out, info = _rule.primal(definition, args, arrays)
+            infos.append(info)
+            return tuple(out)
+
+        fwd, bwd = _reverse_rules(definition, args, in_diff)
+
+    if definition.jvp is not None:
+        jvp = _user_jvp(definition, args)
+    elif forward_mode:
+        jvp = _through_jvp(_forward_mode.build(definition, args), infos)
+    else:  # JAX's own custom_vjp: transposed under jax.grad of jax.checkpoint, refused by jax.jvp
+        jvp = _through_jvp(host_call if host is not None else _reverse_mode.build(definition, args), infos)
+    has_forward_mode = definition.jvp is not None or forward_mode
+    vmap = _user_vmap(definition, args, infos) if definition.vmap is not None else None
+
+    def call(*arrays: Any) -> Any:
+        shapes = jax.eval_shape(primal, *arrays)  # the output's description too (infos)
+        info = host.outputs(dataclasses.replace(args, arrays=arrays)) if host is not None else infos[-1]
+        infos.append(info)
+        out_diff = tuple(info.differentiable)
+        rules = _Rules(name, in_diff, out_diff, primal, fwd, bwd, jvp, has_forward_mode, vmap)
+        in_avals = tuple(_aval(a) for a in arrays)
+        out_avals = tuple(_ShapedArray(s.shape, s.dtype, weak_type=getattr(s, "weak_type", False)) for s in shapes)
+        out = _Primitive(rules, in_avals, out_avals)(*arrays)
+        return info.rebuild(out)
+
+    return call
+
+
+def _aval(array: Any) -> Any:
+    if hasattr(jax, "typeof"):
+        return jax.typeof(array)
+    return jax.core.get_aval(array)  # pragma: no cover - older JAX
+
+
+def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple[bool, ...]) -> tuple[Any, Any]:
+    """Reverse mode from the user's backward, as ``_reverse_mode`` builds it: the context crosses
+    as residuals, its static part kept per trace and found again through a zero-size token."""
+    traces: list[tuple[Any, ...]] = []
+
+    def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
+        ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
+        saved, remainder = ctx.to_residuals()
+        traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
+        return tuple(out), (saved, jnp.zeros((0, len(traces) - 1), jnp.uint8))
+
+    def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
+        saved, token = residuals
+        remainder, info, avals, perturbed = traces[token.shape[-1]]
+        ctx = Context.from_residuals(saved, remainder)
+        grads = _rule.run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed))
+        return [(_rule.zeros_like(jnp.zeros(a.shape, a.dtype)) if g is None else g) if d else None
+                for g, a, d in zip(grads, avals, in_diff)]
+
+    return fwd, bwd
+
+
+def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -> tuple[Any, Any]:
+    """Reverse mode of a function that has its own (a host function's ``jax.custom_vjp``):
+    ``jax.vjp`` over the differentiated inputs; its pullback is the residual."""
+    traces: list[tuple[bool, ...]] = []
+
+    def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
+        which = [i for i, p in enumerate(perturbed) if p]
+
+        def on(*chosen: Any) -> tuple[Any, ...]:
+            merged = list(arrays)
+            for i, value in zip(which, chosen):
+                merged[i] = value
+            return primal(*merged)
+
+        out, pullback = jax.vjp(on, *[arrays[i] for i in which])
+        traces.append((perturbed, _arguments.shape_dtypes(arrays)))
+        return out, (pullback, jnp.zeros((0, len(traces) - 1), jnp.uint8))
+
+    def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
+        pullback, token = residuals
+        perturbed, avals = traces[token.shape[-1]]
+        info = infos[-1]
+        cts = [
+            (jnp.zeros(a.shape, a.dtype) if isinstance(c, SymbolicZero) else c) if dtype_kind(a.dtype) == DIFF
+            else np.zeros(a.shape, jax.dtypes.float0)
+            for c, a in zip(cotangents, info.avals)
+        ]
+        grads = iter(pullback(tuple(cts)))
+        return [
+            next(grads) if p else (jnp.zeros(a.shape, a.dtype) if dtype_kind(a.dtype) == DIFF else None)
+            for p, a in zip(perturbed, avals)
+        ]
+
+    return fwd, bwd
+
+
+def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
+    """The user's ``jvp(ctx, *tangents)``: forward runs with a fresh context, then jvp reads what
+    it saved with ``ctx.save_for_forward`` and the attributes it set."""
+    name = definition.name
+    jvp = definition.jvp
+    assert jvp is not None
+
+    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> tuple[Any, Any]:
+        ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
+        view = _context.for_jvp(ctx)
+        handed = _tangents_by_slot(args, primals, tangents, ctx.materialize_grads)
+        returned = jvp(view, *handed)
+        return tuple(out), _out_tangents(name, info, returned)
+
+    return rule
+
+
+def _tangents_by_slot(args: Arguments, primals: tuple[Any, ...], tangents: list[Any], materialize: bool) -> list[Any]:
+    """One tangent per argument (PyTorch's count: each ``*args`` element apart), in the argument's
+    structure: the tangent of each float/complex leaf (zeros where JAX differentiates nothing, or
+    None with ``ctx.set_materialize_grads(False)``), None for every other leaf."""
+    leaves: list[Any] = [None] * len(args.kinds)
+    for position, primal, tangent in zip(args.array_positions, primals, tangents):
+        if args.kinds[position] != DIFF:
+            continue
+        if tangent is None and materialize:
+            tangent = jnp.zeros(jnp.shape(primal), primal.dtype)
+        leaves[position] = tangent
+    values = jax.tree_util.tree_unflatten(args.treedef, leaves)
+    return [values[p] if i is None else values[p][i] for p, i in args.slots]
+
+
+def _out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
+    """The user's jvp result, one tangent per differentiable output array, checked."""
+    leaves = _per_output_leaf(name, info, returned, "jvp", "tangent")
+    tangents = []
+    array_leaves = [leaf for leaf, is_array in zip(leaves, info.is_array) if is_array]
+    for index, (tangent, aval, differentiable) in enumerate(zip(array_leaves, info.avals, info.differentiable)):
+        if not differentiable:
+            continue
+        if tangent is None:
+            tangents.append(jnp.zeros(aval.shape, aval.dtype))
+            continue
+        shape = jnp.shape(tangent)
+        if shape != tuple(aval.shape):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"jvp must return one tangent per output, of the output's shape, but the tangent of output {index} "
+                f"has shape {shape} where the output has {tuple(aval.shape)}; return a tangent shaped as forward's "
+                "output",
+            )
+        tangents.append(jnp.asarray(tangent, aval.dtype))
+    return tangents
+
+
+def _per_output_leaf(name: str, info: Outputs, returned: Any, role: str, what: str) -> list[Any]:
+    """``returned`` (one value per output, in forward's output structure; None for a whole
+    output) as one value per output leaf."""
+    if info.is_sequence:
+        children = info.treedef.children()
+        if not isinstance(returned, (tuple, list)) or len(returned) != len(children):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"forward returns {len(children)} outputs, so {role} must return a tuple of {len(children)} "
+                f"{what}s (None for an output without one), but it returned {type_name(returned)}"
+                + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""),
+            )
+        parts = zip(children, returned)
+    else:
+        parts = zip([info.treedef], [returned])
+    leaves: list[Any] = []
+    for index, (treedef, value) in enumerate(parts):
+        if value is None:
+            leaves.extend([None] * treedef.num_leaves)
+            continue
+        try:
+            leaves.extend(treedef.flatten_up_to(value))
+        except (TypeError, ValueError):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"{role}'s {what} for output {index} must have that output's structure ({treedef}), but it is "
+                f"{type_name(value)}; return {what}s in the structure forward returns",
+            ) from None
+    return leaves
+
+
+def _through_jvp(derived: Callable[..., Any], infos: list[Outputs]) -> Callable[..., Any]:
+    """Without a user jvp: ``jax.jvp`` through the call another builder makes. With
+    ``forward_mode=True``, ``_forward_mode``'s rule (backward transposed); otherwise
+    ``_reverse_mode``'s ``jax.custom_vjp``, whose tangents JAX transposes where reverse mode
+    needs them (``jax.grad`` of ``jax.checkpoint``) and refuses where forward mode would."""
+
+    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> tuple[Any, Any]:
+        which = [i for i, p in enumerate(perturbed) if p]
+        info = infos[-1]
+
+        def on(*chosen: Any) -> tuple[Any, ...]:
+            merged = list(primals)
+            for i, value in zip(which, chosen):
+                merged[i] = value
+            leaves = jax.tree_util.tree_flatten(derived(*merged), is_leaf=lambda x: x is None)[0]
+            return tuple(leaf for leaf, is_array in zip(leaves, info.is_array) if is_array)
+
+        out, out_tangents = jax.jvp(on, tuple(primals[i] for i in which), tuple(tangents[i] for i in which))
+        return out, [t for t, d in zip(out_tangents, info.differentiable) if d]
+
+    return rule
+
+
+def _user_vmap(definition: _rule.Definition, args: Arguments, infos: list[Outputs]) -> Callable[..., Any]:
+    """The user's ``vmap(info, in_dims, *args)`` rule, PyTorch's contract: ``in_dims`` has one
+    entry per argument (a dim or None per array leaf, None for other leaves); it returns the
+    outputs and ``out_dims`` (one per output, or one int for all)."""
+    name = definition.name
+    vmap = definition.vmap
+    assert vmap is not None
+
+    def rule(size: int, dims: tuple[Any, ...], *arrays: Any) -> tuple[Any, Any]:
+        info = infos[-1]
+        leaf_dims: list[Any] = [None] * len(args.kinds)
+        for position, dim in zip(args.array_positions, dims):
+            leaf_dims[position] = dim
+        values = args.values(arrays)
+        in_dims = jax.tree_util.tree_unflatten(args.treedef, leaf_dims)
+        by_slot = [(values[p], in_dims[p]) if i is None else (values[p][i], in_dims[p][i]) for p, i in args.slots]
+        returned = vmap(VmapInfo(size), tuple(d for _, d in by_slot), *[v for v, _ in by_slot])
+        if not isinstance(returned, tuple) or len(returned) != 2:
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"vmap must return a pair (outputs, out_dims), as in PyTorch, but it returned {type_name(returned)}",
+            )
+        out, out_dims = returned
+        out_leaves = _per_output_leaf(name, info, out if info.is_sequence else out, "vmap", "output")
+        if out_dims is None or isinstance(out_dims, int):
+            dim_leaves = [out_dims] * len(out_leaves)
+        else:
+            dim_leaves = _per_output_leaf(name, info, out_dims, "vmap", "out_dim")
+        arrays_out, dims_out = [], []
+        for index, (leaf, dim, is_array) in enumerate(zip(out_leaves, dim_leaves, info.is_array)):
+            if not is_array:
+                continue
+            aval = info.avals[len(arrays_out)]
+            shape = tuple(jnp.shape(leaf)) if leaf is not None else None
+            if dim is not None and shape is not None:
+                dim = dim % len(shape) if len(shape) else dim
+                logical = shape[:dim] + shape[dim + 1 :]
+                ok = shape[dim] == size and logical == tuple(aval.shape)
+            else:
+                ok = shape == tuple(aval.shape)
+            if not ok:
+                raise error(
+                    AutogradFunctionTypeError,
+                    name,
+                    f"vmap's output {index} must be forward's output {tuple(aval.shape)} with a batch axis of size "
+                    f"{size} at its out_dim ({dim}), but it has shape {shape}; return the batched outputs and where "
+                    "their batch axis is (None for an output that is not batched)",
+                )
+            arrays_out.append(jnp.asarray(leaf, aval.dtype))
+            dims_out.append(dim)
+        return tuple(arrays_out), tuple(dims_out)
+
+    return rule
