@@ -149,6 +149,8 @@ if _BASE is not None:
 
         def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
             size = axis_data.size
+            if all(d is None for d in dims):  # JAX may ask even when nothing is batched
+                return self(*arrays), (None,) * len(self.out_aval)
             if self.rules.vmap is not None:
                 return self.rules.vmap(size, tuple(dims), *arrays)
             vmap = functools.partial(
@@ -378,6 +380,13 @@ def _out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
         if tangent is None:
             tangents.append(jnp.zeros(aval.shape, aval.dtype))
             continue
+        if not isinstance(tangent, (jax.Array, np.ndarray, np.generic, int, float, complex)):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"jvp must return one tangent per output, an array, but for output {index} it returned "
+                f"{type_name(tangent)}; return an array shaped as that output (or None for a zero tangent)",
+            )
         shape = jnp.shape(tangent)
         if shape != tuple(aval.shape):
             raise error(
