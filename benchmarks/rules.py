@@ -24,10 +24,11 @@ from jax import lax
 from jax.experimental import hijax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import jaxfn  # noqa: E402
 from seeds import D_IN, D_OUT, LR, H, _my_relu_backward, _my_relu_forward, plain_relu  # noqa: E402
 
-HIJAX = getattr(hijax, "HiPrim", None) or getattr(hijax, "VJPHiPrimitive")  # the class moved in jax 0.12
+import jaxfn  # noqa: E402
+
+HIJAX = getattr(hijax, "HiPrim", None) or hijax.VJPHiPrimitive  # the class moved in jax 0.12
 
 
 def interleaved(fns: dict, repeats: int) -> dict:
@@ -175,16 +176,21 @@ def main():
     steps = 20
     print(f"## 1. Forward-mode training step (the tutorial's net, a jvp per step, fori_loop of {steps}), per step\n")
     names = list(RELUS)
-    print("| batch | " + " | ".join(names) + " | jvp= / hand-written (wall, CPU) | forward_mode / hand-written (wall) "
-          "| HLO instructions (" + " / ".join(names) + ") |")
+    print(
+        "| batch | " + " | ".join(names) + " | jvp= / hand-written (wall, CPU) | forward_mode / hand-written (wall) "
+        "| HLO instructions (" + " / ".join(names) + ") |"
+    )
     print("|---|" + "---|" * (len(names) + 3))
     for batch in [64, 1024] if args.quick else [64, 256, 1024, 4096]:
         t, hlo = forward_mode_row(batch, repeats, steps)
         hand = t["hand-written hijax"]
         print(
-            f"| {batch} | " + " | ".join(us(t[n][0]) for n in names)
+            f"| {batch} | "
+            + " | ".join(us(t[n][0]) for n in names)
             + f" | {t['jaxfn jvp='][0] / hand[0]:.3f}, {t['jaxfn jvp='][1] / hand[1]:.3f} "
-            + f"| {t['jaxfn forward_mode=True'][0] / hand[0]:.3f} | " + " / ".join(str(hlo[n]) for n in names) + " |",
+            + f"| {t['jaxfn forward_mode=True'][0] / hand[0]:.3f} | "
+            + " / ".join(str(hlo[n]) for n in names)
+            + " |",
             flush=True,
         )
     print("\n## 2. A host=True sort (rows of 256) under jax.jit(jax.vmap(...)), per call\n")

@@ -1,6 +1,6 @@
 """jaxfn: R torch's ``autograd_function`` (and PyTorch's ``autograd.Function``) on JAX."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from ._context import Context as Context
 from ._errors import AutogradFunctionError as AutogradFunctionError

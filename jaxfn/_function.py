@@ -328,7 +328,11 @@ class Function:
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
-        forward, backward, vjp = getattr(cls, "forward", None), getattr(cls, "backward", None), getattr(cls, "vjp", None)
+        forward, backward, vjp = (
+            getattr(cls, "forward", None),
+            getattr(cls, "backward", None),
+            getattr(cls, "vjp", None),
+        )
         jvp, vmap = getattr(cls, "jvp", None), getattr(cls, "vmap", None)
         if backward is not None and vjp is not None:
             raise error(

@@ -91,7 +91,9 @@ def gradcheck(
         raise error(AutogradFunctionValueError, GRADCHECK, f"order must be 1 or 2, but got {order!r}")
     try:
         with jax.enable_x64(True):  # JAX's context manager: restores whatever setting (or context) was in force
-            return _gradcheck(fn, args, kwargs, eps, atol, rtol, order, bool(check_forward_ad), bool(check_batched_grad))
+            return _gradcheck(
+                fn, args, kwargs, eps, atol, rtol, order, bool(check_forward_ad), bool(check_batched_grad)
+            )
     except GradcheckError:
         if raise_exception:
             raise

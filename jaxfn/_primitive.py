@@ -135,7 +135,9 @@ if _BASE is not None:
             given = [None if isinstance(t, _Zero) else t for t in tangents]
             out, out_tangents = self.rules.jvp(perturbed, tuple(primals), given)
             handed = iter(out_tangents)
-            out_tangents = [next(handed) if d else _Zero(_tangent_aval(a)) for d, a in zip(self.rules.out_diff, self.out_aval)]
+            out_tangents = [
+                next(handed) if d else _Zero(_tangent_aval(a)) for d, a in zip(self.rules.out_diff, self.out_aval)
+            ]
             return self._again(primals, out), tuple(out_tangents)
 
         def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
@@ -265,18 +267,12 @@ def build(
         infos.append(info)
         out_diff = tuple(info.differentiable)
         rules = _Rules(name, in_diff, out_diff, primal, fwd, bwd, jvp, has_forward_mode, vmap)
-        in_avals = tuple(_aval(a) for a in arrays)
+        in_avals = tuple(jax.typeof(a) for a in arrays)
         out_avals = tuple(_ShapedArray(s.shape, s.dtype, weak_type=getattr(s, "weak_type", False)) for s in shapes)
         out = _Primitive(rules, in_avals, out_avals)(*arrays)
         return info.rebuild(out)
 
     return call
-
-
-def _aval(array: Any) -> Any:
-    if hasattr(jax, "typeof"):
-        return jax.typeof(array)
-    return jax.core.get_aval(array)  # pragma: no cover - older JAX
 
 
 def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple[bool, ...]) -> tuple[Any, Any]:
@@ -295,8 +291,10 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
         remainder, info, avals, perturbed = traces[token.shape[-1]]
         ctx = Context.from_residuals(saved, remainder)
         grads = _rule.run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed))
-        return [(_rule.zeros_like(jnp.zeros(a.shape, a.dtype)) if g is None else g) if d else None
-                for g, a, d in zip(grads, avals, in_diff)]
+        return [
+            (_rule.zeros_like(jnp.zeros(a.shape, a.dtype)) if g is None else g) if d else None
+            for g, a, d in zip(grads, avals, in_diff)
+        ]
 
     return fwd, bwd
 
@@ -304,7 +302,7 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
 def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -> tuple[Any, Any]:
     """Reverse mode of a function that has its own (a host function's ``jax.custom_vjp``):
     ``jax.vjp`` over the differentiated inputs; its pullback is the residual."""
-    traces: list[tuple[bool, ...]] = []
+    traces: list[tuple[tuple[bool, ...], list[Any]]] = []
 
     def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
         which = [i for i, p in enumerate(perturbed) if p]
@@ -324,7 +322,8 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -
         perturbed, avals = traces[token.shape[-1]]
         info = infos[-1]
         cts = [
-            (jnp.zeros(a.shape, a.dtype) if isinstance(c, SymbolicZero) else c) if dtype_kind(a.dtype) == DIFF
+            (jnp.zeros(a.shape, a.dtype) if isinstance(c, SymbolicZero) else c)
+            if dtype_kind(a.dtype) == DIFF
             else np.zeros(a.shape, jax.dtypes.float0)
             for c, a in zip(cotangents, info.avals)
         ]

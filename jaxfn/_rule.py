@@ -214,7 +214,7 @@ FORWARD_MODE_HELP = (
     "and jax.custom_vjp refuses forward mode. Use reverse mode (jax.grad, jax.vjp, jax.jacrev; second "
     "derivatives as jax.jacrev(jax.jacrev(f))), or build it with jaxfn.autograd_function(forward, backward, "
     "forward_mode=True) (or forward_mode = True on a jaxfn.Function) so that the same backward also gives "
-    "forward mode"
+    "forward mode, or give it its own jvp rule (jvp=..., or a jvp static method, as in PyTorch)"
 )
 
 ONCE_DIFFERENTIABLE = "_jaxfn_once_differentiable"

@@ -395,7 +395,10 @@ def test_generate_vmap_rule_means_jax_batching():
 
 def test_no_vmap_rule_batches_the_jvp_rule_and_backward():
     # MyCube has a jvp and no vmap: the batched call is its rules under jax.vmap
-    _close(jax.vmap(lambda x: jax.jvp(MyCube.apply, (x,), (x,)))(XS), jax.vmap(lambda x: jax.jvp(plain_cube, (x,), (x,)))(XS))
+    _close(
+        jax.vmap(lambda x: jax.jvp(MyCube.apply, (x,), (x,)))(XS),
+        jax.vmap(lambda x: jax.jvp(plain_cube, (x,), (x,)))(XS),
+    )
     _close(
         jax.grad(lambda w: jax.vmap(lambda x: MyCube.apply(x * w)[0].sum())(XS).sum())(2.0),
         jax.grad(lambda w: jax.vmap(lambda x: plain_cube(x * w)[0].sum())(XS).sum())(2.0),
@@ -432,7 +435,11 @@ SHARDED = textwrap.dedent(
 def test_sharded_jit_over_8_devices():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
-        [sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", SHARDED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
         cwd=os.path.dirname(__file__),
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -449,8 +456,10 @@ def test_gradcheck_checks_forward_ad_and_batched_grad():
 
 def test_gradcheck_names_a_wrong_jvp():
     wrong = jaxfn.autograd_function(
-        _sin_forward, lambda ctx, g: g * jnp.cos(ctx.saved_tensors[0]),
-        jvp=lambda ctx, t: ctx.saved_variables.cos * t * jnp.array([1.0, 1.0, 2.0]), name="wrong_jvp",
+        _sin_forward,
+        lambda ctx, g: g * jnp.cos(ctx.saved_tensors[0]),
+        jvp=lambda ctx, t: ctx.saved_variables.cos * t * jnp.array([1.0, 1.0, 2.0]),
+        name="wrong_jvp",
     )
     assert jaxfn.gradcheck(wrong, X)  # backward is right
     with pytest.raises(jaxfn.GradcheckError, match=r"gradient in forward mode \(jvp\) for 'x'.*worst at index \(2,\)"):
@@ -538,8 +547,14 @@ def test_forward_mode_without_a_jvp_rule_is_refused_in_jaxfn_words():
 @pytest.mark.parametrize(
     "jvp, message",
     [
-        (lambda ctx, t: t[:2], r"'f': jvp must return one tangent per output.*output 0 has shape \(2,\) where the output has \(3,\)"),
-        (lambda ctx, t: (t, t), r"'f': jvp must return one tangent per output, an array, but for output 0 it returned a tuple"),
+        (
+            lambda ctx, t: t[:2],
+            r"'f': jvp must return one tangent per output.*output 0 has shape \(2,\) where the output has \(3,\)",
+        ),
+        (
+            lambda ctx, t: (t, t),
+            r"'f': jvp must return one tangent per output, an array, but for output 0 it returned a tuple",
+        ),
     ],
 )
 def test_a_wrong_jvp_result_is_named(jvp, message):
@@ -549,10 +564,10 @@ def test_a_wrong_jvp_result_is_named(jvp, message):
 
 
 def test_jvp_of_a_tuple_output_needs_a_tuple():
-    f = jaxfn.autograd_function(
-        lambda ctx, x: (x, x * 2), lambda ctx, a, b: a + 2 * b, jvp=lambda ctx, t: t, name="f"
-    )
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': forward returns 2 outputs, so jvp must return a tuple of 2"):
+    f = jaxfn.autograd_function(lambda ctx, x: (x, x * 2), lambda ctx, a, b: a + 2 * b, jvp=lambda ctx, t: t, name="f")
+    with pytest.raises(
+        jaxfn.AutogradFunctionError, match=r"'f': forward returns 2 outputs, so jvp must return a tuple of 2"
+    ):
         jax.jvp(f, (X,), (X,))
 
 
@@ -560,7 +575,10 @@ def test_jvp_of_a_tuple_output_needs_a_tuple():
     "vmap, message",
     [
         (lambda info, d, x: x * 2, r"'f': vmap must return a pair \(outputs, out_dims\), as in PyTorch"),
-        (lambda info, d, x: (x[0] * 2, 0), r"'f': vmap's output 0 must be forward's output \(3,\) with a batch axis of size 2"),
+        (
+            lambda info, d, x: (x[0] * 2, 0),
+            r"'f': vmap's output 0 must be forward's output \(3,\) with a batch axis of size 2",
+        ),
     ],
 )
 def test_a_wrong_vmap_result_is_named(vmap, message):
