@@ -585,3 +585,13 @@ def test_a_wrong_vmap_result_is_named(vmap, message):
     f = jaxfn.autograd_function(_fwd, _bwd, vmap=vmap, name="f")
     with pytest.raises(jaxfn.AutogradFunctionError, match=message):
         jax.vmap(f)(XS)
+
+
+def test_the_rules_benchmark_runs_and_its_contenders_agree():
+    # benchmarks/rules.py checks that every contender trains the same and sorts the same
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    import rules
+
+    per_step, hlo = rules.forward_mode_row(8, 1, 1)
+    assert set(per_step) == set(rules.RELUS) and hlo["jaxfn jvp="] == hlo["hand-written hijax"]
+    assert set(rules.host_vmap_row(4, 1, n=8)) == {"host, no vmap rule", "host, vmap rule"}
