@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from . import _arguments, _context, _gradients, _host_values, _jax_private, _keys, _rule
@@ -101,7 +102,7 @@ class HostFunction:
             results = bind(name, self._call(probe, args, "forward"), (*probe.info.avals, *probe.carried), *arrays)
             outs, carried = results[: len(probe.info.avals)], results[len(probe.info.avals) :]
             traces.append((probe, _arguments.shape_dtypes(arrays), probe.flags))
-            return tuple(outs), (list(carried), jnp.zeros((0, len(traces) - 1), jnp.uint8))
+            return tuple(outs), (list(carried), lax.full((0, len(traces) - 1), 0, jnp.uint8))
 
         def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
             carried, token = residuals

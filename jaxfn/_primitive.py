@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
@@ -284,7 +285,7 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
         ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
         saved, remainder = ctx.to_residuals()
         traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
-        return tuple(out), (saved, jnp.zeros((0, len(traces) - 1), jnp.uint8))
+        return tuple(out), (saved, lax.full((0, len(traces) - 1), 0, jnp.uint8))
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         saved, token = residuals
@@ -315,7 +316,7 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -
 
         out, pullback = jax.vjp(on, *[arrays[i] for i in which])
         traces.append((perturbed, _arguments.shape_dtypes(arrays)))
-        return out, (pullback, jnp.zeros((0, len(traces) - 1), jnp.uint8))
+        return out, (pullback, lax.full((0, len(traces) - 1), 0, jnp.uint8))
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         pullback, token = residuals

@@ -5,6 +5,13 @@ before an earlier trace's ``bwd`` runs, and it keeps only the latest trace's res
 structure. So each trace's static state goes into ``traces``, and the trace's index travels as
 the shape of a zero-size residual, ``(0, index)``: shapes are static, so each ``bwd`` reads its
 own trace's state. Under ``jit`` the zero-size residual is dead code and is removed.
+
+Higher order: when ``fwd`` runs on another trace's tracers, an outer differentiation may later
+differentiate its output (``jax.grad`` of ``jax.grad``, also through a ``jit`` between them). The
+output then goes through ``tied(arrays, out)``: the same rule over one more input, ``out``
+itself, whose primal is ``out`` (nothing is traced again) and whose cotangent is zero, so the
+outer derivative of the output is backward's, as PyTorch gives, and not that of forward's
+operations.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.core import Tracer
 from jax.custom_derivatives import CustomVJPPrimal
 
@@ -45,9 +53,9 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         infos.append(info)
         saved, remainder = ctx.to_residuals()
         traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
-        token = jnp.zeros((0, len(traces) - 1), jnp.uint8)  # before the call below traces its own fwd
+        token = lax.full((0, len(traces) - 1), 0, jnp.uint8)  # before the call below traces its own fwd
         if any(isinstance(a, Tracer) for a in arrays):
-            out = primal(*arrays)  # an outer trace differentiates the output through backward too
+            out = tied(tuple(arrays), tuple(out))  # an outer differentiation goes through backward too
         return tuple(out), (saved, token)
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
@@ -57,6 +65,18 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         return tuple(_rule.run_backward(definition, args, ctx, info, list(cotangents), avals, perturbed))
 
     primal.defvjp(fwd, bwd, symbolic_zeros=True)
+
+    @jax.custom_vjp
+    def tied(arrays: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
+        return out
+
+    def tied_fwd(arrays: tuple[CustomVJPPrimal, ...], out: tuple[CustomVJPPrimal, ...]) -> tuple[Any, Any]:
+        return fwd(*arrays)
+
+    def tied_bwd(residuals: Any, cotangents: Any) -> tuple[Any, Any]:
+        return bwd(residuals, cotangents), None  # out's own dependence on the inputs is forward's: cut
+
+    tied.defvjp(tied_fwd, tied_bwd, symbolic_zeros=True)
 
     def call(*arrays: Any) -> Any:
         out = primal(*arrays)
