@@ -156,6 +156,7 @@ class Remainder:
     treedef: Any
     is_array: tuple[bool, ...]
     statics: tuple[Any, ...]
+    save_names: tuple[str, ...] = ()  # one per array: "<save><path>" (a position, a name or an attribute)
 
 
 class Context:
@@ -302,12 +303,14 @@ class Context:
                 raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))
         arrays = [leaf for (_, leaf), array in zip(with_paths, is_array) if array]
         statics = tuple(None if array else leaf for (_, leaf), array in zip(with_paths, is_array))
+        save_names = tuple(_save_name(path, names) for (path, _), array in zip(with_paths, is_array) if array)
         remainder = Remainder(
             dataclasses.replace(state, inputs=(), positional=(), named={}, forward_positional=(), forward_named={}),
             names,
             treedef,
             is_array,
             statics,
+            save_names,
         )
         return arrays, remainder
 
@@ -328,6 +331,23 @@ class Context:
 
 # The context's own names, derived from the class: none of them can be set as an attribute.
 _OWN_NAMES = frozenset(name for name in dir(Context) if not name.startswith("__")) | set(Context.__slots__)
+
+
+def _save_name(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]]) -> str:
+    """A saved array's name: its position (``0``), save name (``input``) or attribute (``scale``),
+    then its key path inside a saved pytree (``params.w``)."""
+    group, index = path[0].idx, path[1].idx
+    head = str(index) if group == 0 else names[group - 1][index]
+    return ".".join([head, *(_key_text(key) for key in path[2:])])
+
+
+def _key_text(key: Any) -> str:
+    """One step of a key path, as a name part: ``params.w``, ``layers.0`` (no quotes or brackets,
+    which JAX's residual report and policy names keep as written)."""
+    for attribute in ("key", "idx", "name"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
 
 
 def _hidden_tracer(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]], leaf: Any) -> str:

@@ -29,7 +29,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from . import _arguments, _context, _gradients, _host_values, _jax_private, _keys, _rule
+from . import _anomaly, _arguments, _context, _gradients, _host_values, _jax_private, _keys, _rule
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context, Remainder
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
@@ -74,7 +74,10 @@ class HostFunction:
         flags = (False,) * len(arrays)
         _, out = _run_forward(self.definition, args, arrays, flags)
         probe = self._probe(args, arrays, flags)
-        return probe.info.rebuild([jnp.asarray(a) for a in _check_outputs(self.definition.name, probe, out)])
+        outputs = _check_outputs(self.definition.name, probe, out)
+        if _anomaly.enabled():
+            _anomaly.outputs(self.definition.name, probe.info.rebuild(outputs))
+        return probe.info.rebuild([jnp.asarray(a) for a in outputs])
 
     def outputs(self, args: Arguments) -> Outputs:
         """The description of a call's output (what ``_rule.primal`` returns for other functions),
@@ -140,12 +143,29 @@ class HostFunction:
         calls: dict[tuple[str, ...], HostCall] | None = getattr(probe.calls, "by_role", None)
         if calls is None:
             calls = probe.calls.by_role = {}
-        key = (role, *map(str, extra))
+        anomaly = _anomaly.enabled()  # read when the call is traced; the callback runs later, elsewhere
+        key = (role, str(anomaly), *map(str, extra))
         if key not in calls:
             run = _host_backward if role == "backward" else _host_forward
             definition, with_saved = self.definition, role == "forward"
-            calls[key] = HostCall(lambda *values: run(definition, args, probe, with_saved, *extra, *values))
+
+            def host(*values: Any) -> Any:
+                results = run(definition, args, probe, with_saved, *extra, *values)
+                if anomaly:
+                    _check_anomalies(definition.name, role, args, probe, results)
+                return results
+
+            calls[key] = HostCall(host)
         return calls[key]
+
+
+def _check_anomalies(name: str, role: str, args: Arguments, probe: _Probe, results: tuple[Any, ...]) -> None:
+    """Anomaly detection of what a host forward returned or a host backward's gradients."""
+    if role == "backward":
+        wanted = [args.paths[i] for i, flag in zip(args.array_positions, probe.flags) if flag]
+        _anomaly.check(name, "backward", list(zip(wanted, results)))
+    else:
+        _anomaly.outputs(name, probe.info.rebuild(list(results[: len(probe.info.avals)])))
 
 
 def _host_arrays(arrays: Any) -> list[np.ndarray]:

@@ -7,6 +7,7 @@ runs on the oldest and the newest JAX the package allows, so a move shows up the
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from typing import Any
 
@@ -69,3 +70,42 @@ def refused_in_eager_shard_map(err: Exception) -> bool:
     ``jax.shard_map`` (it has no public type: its message names the case). Under ``jax.jit``
     the same function works, so jaxfn calls it through ``jax.jit`` there."""
     return isinstance(err, NotImplementedError) and "symbolic_zeros support with shard_map" in str(err)
+
+
+try:  # a setting that jax.jit's cache keys on (JAX's own config states; no public way to define one)
+    from jax._src.config import bool_state as _bool_state
+
+    ANOMALY: Any = _bool_state(
+        "jaxfn_detect_anomaly",
+        False,
+        help="jaxfn: check every jaxfn function's outputs and gradients for NaN/Inf (jaxfn.detect_anomaly)",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+except (ImportError, TypeError):  # pragma: no cover - a JAX that moved it: a flag jit does not key on
+    ANOMALY = None
+
+
+def anomaly_on() -> bool:
+    """Whether jaxfn's anomaly-detection state is on (False where this JAX can't hold it)."""
+    return ANOMALY is not None and bool(ANOMALY.value)
+
+
+def anomaly_context(value: bool) -> Any:
+    """A context in which the state is ``value`` (jax.jit traces again where it differs)."""
+    return ANOMALY(value) if ANOMALY is not None else contextlib.nullcontext()
+
+
+def set_anomaly(value: bool) -> None:
+    """Set the state for the whole program."""
+    if ANOMALY is not None:
+        ANOMALY._set(value)
+
+
+# JAX's own report of what a differentiation keeps (jax.ad_checkpoint.print_saved_residuals prints it)
+from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # noqa: E402
+
+
+def saved_residuals(f: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, str]]:
+    """(aval, description) of every residual JAX keeps to differentiate ``f`` at ``args``."""
+    return _saved_residuals(f, *args, **kwargs)

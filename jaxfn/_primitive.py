@@ -40,7 +40,7 @@ from jax import lax
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
-from . import _arguments, _context, _forward_mode, _reverse_mode, _rule
+from . import _arguments, _context, _forward_mode, _reverse_mode, _rule, _saves
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
@@ -284,6 +284,7 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
     def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
         ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
         saved, remainder = ctx.to_residuals()
+        saved = _saves.named(definition.name, saved, remainder, arrays)
         traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
         return tuple(out), (saved, lax.full((0, len(traces) - 1), 0, jnp.uint8))
 

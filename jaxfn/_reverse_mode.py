@@ -25,7 +25,7 @@ from jax import lax
 from jax.core import Tracer
 from jax.custom_derivatives import CustomVJPPrimal
 
-from . import _arguments, _rule
+from . import _arguments, _rule, _saves
 from ._arguments import Arguments
 from ._context import Context
 from ._outputs import Outputs
@@ -52,6 +52,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
         infos.append(info)
         saved, remainder = ctx.to_residuals()
+        saved = _saves.named(definition.name, saved, remainder, arrays)
         traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
         token = lax.full((0, len(traces) - 1), 0, jnp.uint8)  # before the call below traces its own fwd
         if any(isinstance(a, Tracer) for a in arrays):

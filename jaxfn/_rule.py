@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _arguments, _context, _gradients, _outputs
+from . import _anomaly, _arguments, _context, _gradients, _outputs
 from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
@@ -161,6 +161,8 @@ def run_forward(
     arrays = [a if isinstance(a, jax.Array) else jnp.asarray(a) for a in arrays]
     ctx, out, non_differentiable = forward_with_context(definition, args, arrays, perturbed)
     out_arrays, info = _outputs.check(definition.name, out, non_differentiable)
+    if _anomaly.enabled():
+        _anomaly.outputs(definition.name, out)
     return ctx, out_arrays, info
 
 
@@ -205,7 +207,15 @@ def run_backward(
     else:
         returned = definition.backward(ctx, *grad_outputs)
     grads = _gradients.by_parameter(definition.name, args, returned)
-    return _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
+    cotangents = _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
+    if _anomaly.enabled():
+        _anomaly.check(definition.name, "backward", list(zip(_array_paths(args), cotangents)))
+    return cotangents
+
+
+def _array_paths(args: Arguments) -> list[str]:
+    """Each array input's name in messages ('x', "params['w']")."""
+    return [args.paths[i] for i in args.array_positions]
 
 
 FORWARD_MODE_HELP = (

@@ -1,0 +1,161 @@
+"""Anomaly detection: with it on, every jaxfn function checks forward's outputs and backward's
+gradients for NaN and Inf, and names the function, the output or parameter, and the first bad
+index, as PyTorch's ``torch.autograd.detect_anomaly`` names the Function whose backward failed.
+
+Values that are concrete (an eager call, an un-jitted ``jax.grad``) are checked in Python at
+once. Under a trace (``jit``, ``scan``, ``vmap``) the device computes one flag and one index per
+array and a ``jax.debug.callback`` raises in the host when a flag is bad (chosen over
+``checkify``, which would need the user's whole program wrapped in ``checkify.checkify``). JAX
+reports a failed callback as its own runtime error at the call of the compiled program; inside
+``with jaxfn.detect_anomaly():`` that error is replaced by jaxfn's. The setting is one of JAX's
+config states that ``jax.jit`` keys its cache on, so a program traced with it off is traced again
+with it on, and with it off nothing is added to the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import Tracer
+
+from . import _jax_private
+from ._errors import AutogradFunctionValueError, error
+
+_LOCAL = threading.local()  # without JAX's config state: a per-thread flag
+_GLOBAL = [os.environ.get("JAXFN_DETECT_ANOMALY", "").lower() in ("1", "true", "yes", "on")]
+_RAISED: list[BaseException] = []  # what the callbacks raised, newest last (callbacks run in XLA's threads)
+
+
+def enabled() -> bool:
+    """Whether anomaly detection is on here (the context manager, the global switch or
+    ``JAXFN_DETECT_ANOMALY=1``)."""
+    if _jax_private.anomaly_on():
+        return True
+    return getattr(_LOCAL, "on", False) or _GLOBAL[0]
+
+
+def set_detect_anomaly(mode: bool) -> None:
+    """Switch anomaly detection on or off for the whole program, as PyTorch's
+    ``torch.autograd.set_detect_anomaly``. (``JAXFN_DETECT_ANOMALY=1`` in the environment
+    switches it on at import.) Programs ``jax.jit`` traced before are traced again.
+
+    >>> import jaxfn
+    >>> jaxfn.set_detect_anomaly(False)
+    """
+    _GLOBAL[0] = bool(mode)
+    _jax_private.set_anomaly(bool(mode))
+
+
+@contextlib.contextmanager
+def detect_anomaly() -> Iterator[None]:
+    """Inside, every jaxfn function checks forward's outputs and backward's gradients for NaN
+    and Inf, eagerly and under ``jit``/``scan``/``vmap``, and raises ``AutogradFunctionError``
+    naming the function, the output or parameter, the first bad index, and whether forward or
+    backward produced it. Outside, nothing is added to any program.
+
+    >>> import jax, jax.numpy as jnp, jaxfn
+    >>> log = jaxfn.autograd_function(lambda ctx, x: (ctx.save_for_backward(x), jnp.log(x))[1],
+    ...                               lambda ctx, g: g / ctx.saved_tensors[0], name="log")
+    >>> with jaxfn.detect_anomaly():
+    ...     try:
+    ...         jax.grad(lambda x: log(x).sum())(jnp.array([1.0, 0.0]))
+    ...     except jaxfn.AutogradFunctionError as err:
+    ...         print(str(err).split(";")[0])
+    jaxfn: 'log': forward returned a non-finite value in its output (-inf at index (1,))
+    """
+    previous = getattr(_LOCAL, "on", False)
+    _LOCAL.on = True
+    del _RAISED[:]
+    try:
+        with _jax_private.anomaly_context(True):
+            yield
+    except jax.errors.JaxRuntimeError as err:
+        raised = _raised_by(err)
+        if raised is None:
+            raise
+        raise raised from None
+    finally:
+        _LOCAL.on = previous
+
+
+def _raised_by(err: Exception) -> BaseException | None:
+    """The jaxfn error a failed callback raised, if ``err`` is JAX's report of it."""
+    for raised in reversed(_RAISED):
+        if str(raised) in str(err):
+            return raised
+    return None
+
+
+def outputs(name: str, out: Any) -> None:
+    """Check forward's output (any pytree), each leaf named as in messages."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(out)
+    if treedef.num_leaves == 1 and treedef.num_nodes == 1:
+        check(name, "forward", [("its output", out)])
+    else:
+        check(name, "forward", [(f"output{jax.tree_util.keystr(path)}", leaf) for path, leaf in with_paths])
+
+
+def check(name: str, role: str, labeled: list[tuple[str, Any]]) -> None:
+    """Check each (label, value) for NaN/Inf: at once where concrete, else in the program.
+
+    ``role``: "forward" (a value is an output) or "backward" (a gradient for a parameter).
+    """
+    for label, value in labeled:
+        if value is None or not hasattr(value, "dtype") or not jnp.issubdtype(value.dtype, jnp.inexact):
+            continue
+        if isinstance(value, Tracer):
+            _check_traced(name, role, label, value)
+        else:
+            bad = ~np.isfinite(np.asarray(value))
+            if np.any(bad):
+                first = np.unravel_index(int(np.argmax(bad.ravel())), np.shape(value))
+                bad_value = np.asarray(value)[first]
+                raised = error(AutogradFunctionValueError, name, _sentence(role, label, bad_value, first))
+                _record(raised)  # host code checks here, inside a callback of a compiled program too
+                raise raised
+
+
+def _check_traced(name: str, role: str, label: str, value: Any) -> None:
+    shape = tuple(np.shape(value))
+    finite = jnp.isfinite(jnp.ravel(value))
+    first = jnp.argmin(finite)
+
+    def report(all_finite: Any, first: Any, bad_value: Any) -> None:
+        if not bool(all_finite):
+            index = np.unravel_index(int(first), shape) if shape else ()
+            raised = error(AutogradFunctionValueError, name, _sentence(role, label, np.asarray(bad_value), index))
+            _record(raised)
+            raise raised
+
+    bad_value = jnp.ravel(value)[first] if shape else value
+    jax.debug.callback(report, finite.all(), first, bad_value)
+
+
+def _record(raised: BaseException) -> None:
+    """Keep what was raised, for ``detect_anomaly`` to find behind JAX's runtime error (the last few)."""
+    _RAISED.append(raised)
+    del _RAISED[:-16]
+
+
+def _sentence(role: str, label: str, bad: Any, index: tuple) -> str:
+    index = tuple(int(i) for i in index)
+    what = "nan" if np.isnan(bad) else str(bad)
+    if role == "forward":
+        sentence = (
+            f"forward returned a non-finite value in {label} ({what} at index {index}); look at forward's formula "
+            "for that output at that index (a log or division of 0, an overflow, inf - inf), or at the inputs it got"
+        )
+    else:
+        sentence = (
+            f"backward returned a non-finite gradient for '{label}' ({what} at index {index}); look at backward's "
+            "formula for that parameter at that index (a division by 0, the derivative of sqrt or log at 0, "
+            "inf * 0), or at the grad_output it got"
+        )
+    return sentence

@@ -1,0 +1,135 @@
+"""Named saves: every array a forward saves crosses to backward under a stable name,
+``"<function>.<save>"``, that JAX's checkpoint policies select by, and ``jaxfn.saved`` reports
+what a call keeps.
+
+The name is JAX's own ``jax.ad_checkpoint.checkpoint_name`` on the residual, so
+``jax.checkpoint(f, policy=jax.checkpoint_policies.save_only_these_names("linear.input"))``
+keeps that residual and recomputes the rest, and the offload policies move it to host memory
+where the backend can. Outside a checkpoint the name is an identity that leaves the compiled
+program unchanged. The save is a name given to ``ctx.save_for_backward`` (``input``), a position
+(``0``) or a ``ctx`` attribute (``scale``), then its key path inside a saved pytree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from . import _jax_private
+from ._context import Remainder
+
+_COLLECTING = threading.local()
+# Every jaxfn save name seen, with its function, save and whether it last was an input passed
+# through: JAX caches traces (jax.checkpoint's among them), so a report may see a name whose
+# forward did not run again.
+_KNOWN: dict[str, tuple[str, str, bool]] = {}
+
+
+def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) -> list[Any]:
+    """The residuals of one call, each under its name; recorded when ``saved`` is reporting."""
+    names = [f"{function}.{save}" for save in remainder.save_names]
+    records = getattr(_COLLECTING, "records", None)
+    ids = {id(a) for a in inputs}
+    for name, save, value in zip(names, remainder.save_names, saved):
+        entry = (function, save, id(value) in ids)
+        if _KNOWN.get(name) != entry:
+            _KNOWN[name] = entry
+        if records is not None:
+            records.setdefault(name, []).append(entry)
+    return [checkpoint_name(value, name) for value, name in zip(saved, names)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """One array a differentiation keeps for its backward pass."""
+
+    function: str  # the jaxfn function that saved it ("" for JAX's own residuals)
+    save: str  # its save name in that function, or JAX's description of it
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    kind: str  # "input": an argument passed through unchanged; "new": an array computed in the call
+
+
+class Report(tuple):
+    """``jaxfn.saved``'s rows (``Residual``), with a table as its ``str`` and ``nbytes`` in all."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self)
+
+    def __str__(self) -> str:
+        lines = ["| function | save | shape | dtype | bytes | kind |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {r.function or '(JAX)'} | {r.save} | {r.shape} | {r.dtype} | {r.nbytes:,} | {r.kind} |" for r in self
+        ]
+        lines.append(f"| all | | | | {self.nbytes:,} | |")
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _collecting() -> Iterator[dict[str, list[tuple[str, str, bool]]]]:
+    previous = getattr(_COLLECTING, "records", None)
+    _COLLECTING.records = {}
+    try:
+        yield _COLLECTING.records
+    finally:
+        _COLLECTING.records = previous
+
+
+def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
+    """Every residual JAX keeps to differentiate ``f`` at these arguments, read from JAX's own
+    saved-residual report (what ``jax.ad_checkpoint.print_saved_residuals`` prints), with each
+    jaxfn save named: function, save name, shape, dtype, bytes, and whether it is an input
+    passed through or a new array. Under ``jax.checkpoint`` with a policy, only what the policy
+    keeps is listed. (The zero-size arrays that tell a backward its trace hold nothing and are
+    left out.)
+
+    >>> import jax, jax.numpy as jnp, jaxfn
+    >>> def forward(ctx, x):
+    ...     ctx.save_for_backward(x=x)
+    ...     return jnp.sin(x)
+    >>> sin = jaxfn.autograd_function(forward, lambda ctx, g: g * jnp.cos(ctx.saved_variables.x), name="sin")
+    >>> report = jaxfn.saved(lambda x: sin(x).sum(), jnp.ones(3))
+    >>> [(r.function, r.save, r.shape, r.kind) for r in report]
+    [('sin', 'x', (3,), 'input')]
+    """
+    with _collecting() as records:
+        rows = _jax_private.saved_residuals(f, *args, **kwargs)
+    taken: dict[str, int] = {}
+    report = []
+    for aval, description in rows:
+        shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not nbytes and name_of_token(description):
+            continue  # jaxfn's zero-size token (which trace saved what), nothing kept
+        name = _name_in(description)
+        if name is not None and (name in records or name in _KNOWN):
+            entries = records.get(name, [])
+            function, save, passthrough = (
+                entries[taken.get(name, 0)] if taken.get(name, 0) < len(entries) else _KNOWN[name]
+            )
+            taken[name] = taken.get(name, 0) + 1
+            report.append(Residual(function, save, shape, str(dtype), nbytes, "input" if passthrough else "new"))
+        else:
+            kind = "input" if description.startswith("from the argument") else "new"
+            report.append(Residual("", description, shape, str(dtype), nbytes, kind))
+    return Report(report)
+
+
+def name_of_token(description: str) -> bool:
+    """Whether JAX's description is of the zero-size array that tells a jaxfn backward its trace."""
+    return "jaxfn" in description and ("_reverse_mode" in description or "_primitive" in description)
+
+
+def _name_in(description: str) -> str | None:
+    """The checkpoint name in JAX's description of a residual ("named 'linear.input' from ...")."""
+    if description.startswith("named '"):
+        return description[len("named '") :].split("'", 1)[0]
+    return None
