@@ -10,6 +10,8 @@ process or in several (JAX's multi-controller runtime, one shard of the batch pe
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/two_layer_net.py
     python examples/two_layer_net.py --steps 2000 --plot loss.png
     python examples/two_layer_net.py --spmd shard_map       # the step written per device
+    python examples/two_layer_net.py --report-saves         # what backward keeps, per jaxfn save
+    python examples/two_layer_net.py --lr 1 --detect-anomaly   # which function first made a NaN/Inf
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python examples/two_layer_net.py --local-processes 2
     python examples/two_layer_net.py --coordinator HOST:PORT --num-processes N --process-id I
     srun python examples/two_layer_net.py                   # SLURM, Open MPI, cloud TPU: detected
@@ -22,6 +24,7 @@ stops being finite ends the run with an error and exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import signal
@@ -150,6 +153,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--print-every", type=positive_int, default=100, help="print interval (default 100)")
     parser.add_argument("--plot", metavar="PATH", help="save the loss curve (log scale) as a PNG")
+    parser.add_argument(
+        "--report-saves",
+        action="store_true",
+        help="print what one training step keeps for its backward (jaxfn.saved), then stop",
+    )
+    parser.add_argument(
+        "--detect-anomaly",
+        action="store_true",
+        help="check every jaxfn function for NaN/Inf and name the first that makes one (jaxfn.detect_anomaly)",
+    )
     parser.add_argument(
         "--spmd",
         choices=("jit", "shard_map"),
@@ -346,6 +359,7 @@ def check_finite(losses: np.ndarray, first_step: int, args: argparse.Namespace) 
             f"the loss became {losses[bad[0]]} at step {step}: the training diverged with learning rate "
             f"{args.lr:g} and batch {args.batch}; use a smaller --lr (the loss is summed over the batch, "
             f"so a larger batch needs a proportionally smaller learning rate)"
+            + ("" if args.detect_anomaly else ", or run again with --detect-anomaly to see where it began")
         )
 
 
@@ -356,7 +370,20 @@ def compile_training(args: argparse.Namespace, mesh: Mesh, example: tuple, chunk
         return run.lower(*example, 1).compile()
 
 
+def report_saves(args: argparse.Namespace) -> None:
+    """What one step's backward keeps (jaxfn.saved), for the tutorial net on one device."""
+    params, x, y = init(args, data_parallel_mesh(args.batch))
+    report = jaxfn.saved(loss_fn, params, x, y)
+    print(f"What the backward of one step keeps (batch {args.batch}, D_in {args.d_in}, H {args.hidden}):\n")
+    print(report)
+
+
 def train(args: argparse.Namespace, say) -> dict:
+    with jaxfn.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
+        return _train(args, say)
+
+
+def _train(args: argparse.Namespace, say) -> dict:
     mesh = data_parallel_mesh(args.batch)
     params, x, y = init(args, mesh)
     marks = print_steps(args.steps, args.print_every)
@@ -421,13 +448,19 @@ def main(argv: list[str] | None = None) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)  # process 0 alone prints
     if joined:
         say(f"Processes: {processes} (joined via {joined}); {jax.local_device_count()} device(s) in process 0")
+    if args.report_saves:
+        if rank == 0:
+            report_saves(args)
+        return 0
     say(precision_line(args), flush=True)
     try:
         result = train(args, say)
-    except (ValueError, NonFiniteLoss) as err:  # the same in every process: process 0 says it
+    except (ValueError, NonFiniteLoss, jaxfn.AutogradFunctionError) as err:  # the same in every process
         if rank == 0:
-            sys.stderr.write(f"{PROG}: error: {err}\n")
-        return 2 if isinstance(err, ValueError) else 1
+            sys.stderr.write(
+                f"{PROG}: error: {first_line(err) if isinstance(err, jaxfn.AutogradFunctionError) else err}\n"
+            )
+        return 2 if isinstance(err, ValueError) and not isinstance(err, jaxfn.AutogradFunctionError) else 1
     except jax.errors.JaxRuntimeError as err:
         hint = f" (process {rank} of {processes}: has another process stopped?)" if processes > 1 else ""
         sys.stderr.write(f"{PROG}: error: the computation failed{hint}: {first_line(err)}\n")

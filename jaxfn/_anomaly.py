@@ -15,6 +15,7 @@ with it on, and with it off nothing is added to the program.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -31,6 +32,21 @@ from ._errors import AutogradFunctionValueError, error
 _LOCAL = threading.local()  # without JAX's config state: a per-thread flag
 _GLOBAL = [os.environ.get("JAXFN_DETECT_ANOMALY", "").lower() in ("1", "true", "yes", "on")]
 _RAISED: list[BaseException] = []  # what the callbacks raised, newest last (callbacks run in XLA's threads)
+# JAX logs a failed callback with its traceback before it raises; jaxfn's own error says it all.
+_JAX_CALLBACK_LOGGERS = ("jax._src.debugging", "jax._src.callback")
+
+
+class _QuietAboutAnomalies(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], AutogradFunctionValueError))
+
+
+_QUIET = _QuietAboutAnomalies()
+
+
+def _quiet(on: bool) -> None:
+    for name in _JAX_CALLBACK_LOGGERS:
+        (logging.getLogger(name).addFilter if on else logging.getLogger(name).removeFilter)(_QUIET)
 
 
 def enabled() -> bool:
@@ -51,6 +67,7 @@ def set_detect_anomaly(mode: bool) -> None:
     """
     _GLOBAL[0] = bool(mode)
     _jax_private.set_anomaly(bool(mode))
+    _quiet(bool(mode))
 
 
 @contextlib.contextmanager
@@ -73,6 +90,7 @@ def detect_anomaly() -> Iterator[None]:
     previous = getattr(_LOCAL, "on", False)
     _LOCAL.on = True
     del _RAISED[:]
+    _quiet(True)
     try:
         with _jax_private.anomaly_context(True):
             yield
@@ -83,6 +101,7 @@ def detect_anomaly() -> Iterator[None]:
         raise raised from None
     finally:
         _LOCAL.on = previous
+        _quiet(_GLOBAL[0])
 
 
 def _raised_by(err: Exception) -> BaseException | None:

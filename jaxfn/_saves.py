@@ -119,6 +119,8 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
             report.append(Residual(function, save, shape, str(dtype), nbytes, "input" if passthrough else "new"))
         else:
             kind = "input" if description.startswith("from the argument") else "new"
+            if description.startswith("output of custom_vjp_call from") and "jaxfn" in description:
+                description = "output of a jaxfn function"  # kept by the operation that reads it
             report.append(Residual("", description, shape, str(dtype), nbytes, kind))
     return Report(report)
 

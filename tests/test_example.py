@@ -126,11 +126,30 @@ def test_a_loss_that_stops_being_finite_stops_the_run():
     assert re.fullmatch(
         r"two_layer_net.py: error: the loss became (inf|nan) at step \d+: the training diverged with learning rate 1 "
         r"and batch 64; use a smaller --lr \(the loss is summed over the batch, so a larger batch needs a "
-        r"proportionally smaller learning rate\)",
+        r"proportionally smaller learning rate\), or run again with --detect-anomaly to see where it began",
         line,
     )
     step = int(re.search(r"at step (\d+)", line)[1])
     assert 1 < step <= 10 and list(losses(result.stdout)) == [1]
+
+
+@pytest.mark.slow
+def test_detect_anomaly_names_the_function_where_the_divergence_began():
+    result = run("--steps", "30", "--print-every", "10", "--lr", "1", "--detect-anomaly")
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert re.fullmatch(
+        r"two_layer_net.py: error: jaxfn: 'my_relu': (backward returned a non-finite gradient for 'input'|forward "
+        r"returned a non-finite value in its output) \((inf|-inf|nan) at index \(\d+, \d+\)\); .*",
+        line,
+    )
+
+
+def test_report_saves_lists_what_one_step_keeps():
+    result = run("--report-saves")
+    assert result.returncode == 0, result.stderr
+    assert "| my_relu | input | (64, 100) | float32 | 25,600 | input |" in result.stdout
+    assert "Step:" not in result.stdout
 
 
 @pytest.mark.slow
