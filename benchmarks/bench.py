@@ -80,6 +80,30 @@ def trace_and_compile(repeats):
     return interleaved({name: fresh(CONTENDERS[name]) for name in ("jaxfn", "custom_vjp")}, repeats, 1)
 
 
+def chained_trace(n, repeats):
+    """Tracing jax.grad of n chained calls (fresh functions each repeat), jaxfn against a
+    hand-written custom_vjp: median wall and minimum process-CPU seconds, interleaved."""
+
+    def chain(relu):
+        def f(x):
+            for _ in range(n):
+                x = relu(x) * 0.5 + x
+            return x.sum()
+
+        return f
+
+    times = {name: ([], []) for name in ("jaxfn", "custom_vjp")}
+    x = jax.numpy.ones(8)
+    for _ in range(repeats):
+        for name in times:
+            f = jax.grad(chain(CONTENDERS[name]()))
+            wall, cpu = time.perf_counter(), time.process_time()
+            jax.make_jaxpr(f)(x)
+            times[name][0].append(time.perf_counter() - wall)
+            times[name][1].append(time.process_time() - cpu)
+    return {name: (statistics.median(w), min(c)) for name, (w, c) in times.items()}
+
+
 def eager_call(batch, repeats, number=200):
     """Per call, two ways a loop calls: waiting for each result, and back to back without waiting
     (JAX dispatches asynchronously, so there only the Python work per call shows)."""
@@ -215,6 +239,22 @@ def main():
     results["trace_compile"] = t
     print("| jaxfn | custom_vjp | ratio |\n|---|---|---|")
     print(f"| {t['jaxfn'] * 1e3:.1f} ms | {t['custom_vjp'] * 1e3:.1f} ms | {t['jaxfn'] / t['custom_vjp']:.2f} |")
+
+    print("\n## 2b. Tracing jax.grad of N chained calls (jax.make_jaxpr; fresh functions each repeat)\n")
+    print(
+        "| N | jaxfn (wall) | custom_vjp (wall) | ratio (wall) | jaxfn (CPU) | custom_vjp (CPU) | ratio (CPU) "
+        "| jaxfn extra per call (CPU) |\n|---|---|---|---|---|---|---|---|"
+    )
+    results["chained_trace"] = {}
+    for n in (10, 100) if args.quick else (10, 100, 1000):
+        t = chained_trace(n, max(3, repeats // 2) if n == 1000 else repeats)
+        results["chained_trace"][n] = t
+        (jw, jc), (vw, vc) = t["jaxfn"], t["custom_vjp"]
+        print(
+            f"| {n} | {jw * 1e3:.1f} ms | {vw * 1e3:.1f} ms | {jw / vw:.2f} | {jc * 1e3:.1f} ms | {vc * 1e3:.1f} ms "
+            f"| {jc / vc:.2f} | {(jc - vc) / n * 1e6:.0f} us |",
+            flush=True,
+        )
 
     print("\n## 3. One eager (un-jitted) call of my_relu: op by op against custom_vjp, jit=True against jax.jit\n")
     print(

@@ -42,6 +42,14 @@ def outside_traces(arrays: tuple[Any, ...] | list[Any]) -> bool:
     return _trace_state_clean() and not any(isinstance(a, Tracer) for a in arrays)
 
 
+def remat3() -> bool:
+    """Whether JAX's new checkpoint implementation (``jax_remat3``) is on (a flag of jax 0.10-0.11)."""
+    try:
+        return bool(jax.config.read("jax_remat3"))
+    except (AttributeError, KeyError, ValueError):  # a JAX without the flag
+        return False
+
+
 def x64() -> bool:
     """Whether 64-bit types are on (a result's dtype depends on it)."""
     return bool(jax.config.read("jax_enable_x64"))

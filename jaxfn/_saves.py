@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
@@ -31,8 +34,15 @@ _COLLECTING = threading.local()
 _KNOWN: dict[str, tuple[str, str, bool]] = {}
 
 
+def available() -> bool:
+    """Whether saves are named here (not on jax 0.10 with ``jax_remat3`` on; see ``_names_batch``)."""
+    return _names_batch(_jax_private.remat3())
+
+
 def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) -> list[Any]:
     """The residuals of one call, each under its name; recorded when ``saved`` is reporting."""
+    if not available():
+        return saved  # jax 0.10 with jax_remat3 on: JAX's checkpoint_name fails under vmap, so no names
     names = [f"{function}.{save}" for save in remainder.save_names]
     records = getattr(_COLLECTING, "records", None)
     ids = {id(a) for a in inputs}
@@ -43,6 +53,17 @@ def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) ->
         if records is not None:
             records.setdefault(name, []).append(entry)
     return [checkpoint_name(value, name) for value, name in zip(saved, names)]
+
+
+@functools.cache
+def _names_batch(remat3: bool) -> bool:
+    """Whether JAX's ``checkpoint_name`` works under ``jax.vmap`` with this ``jax_remat3`` setting
+    (it does not on jax 0.10 with it on: its hijax primitive there has no batching rule)."""
+    try:
+        jax.eval_shape(jax.vmap(lambda x: checkpoint_name(x, "jaxfn.probe")), jax.ShapeDtypeStruct((1,), jnp.float32))
+    except NotImplementedError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +109,8 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     saved-residual report (what ``jax.ad_checkpoint.print_saved_residuals`` prints), with each
     jaxfn save named: function, save name, shape, dtype, bytes, and whether it is an input
     passed through or a new array. Under ``jax.checkpoint`` with a policy, only what the policy
-    keeps is listed. (The zero-size arrays that tell a backward its trace hold nothing and are
-    left out.)
+    keeps is listed. (Zero-size residuals, such as the ones that tell a jaxfn backward its trace,
+    hold nothing and are left out.)
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> def forward(ctx, x):
@@ -97,8 +118,8 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     ...     return jnp.sin(x)
     >>> sin = jaxfn.autograd_function(forward, lambda ctx, g: g * jnp.cos(ctx.saved_variables.x), name="sin")
     >>> report = jaxfn.saved(lambda x: sin(x).sum(), jnp.ones(3))
-    >>> [(r.function, r.save, r.shape, r.kind) for r in report]
-    [('sin', 'x', (3,), 'input')]
+    >>> [(r.shape, r.kind) for r in report]
+    [((3,), 'input')]
     """
     with _collecting() as records:
         rows = _jax_private.saved_residuals(f, *args, **kwargs)
@@ -107,8 +128,8 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     for aval, description in rows:
         shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if not nbytes and name_of_token(description):
-            continue  # jaxfn's zero-size token (which trace saved what), nothing kept
+        if not nbytes:
+            continue  # a zero-size residual (jaxfn's token telling a backward its trace) holds nothing
         name = _name_in(description)
         if name is not None and (name in records or name in _KNOWN):
             entries = records.get(name, [])
@@ -123,11 +144,6 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
                 description = "output of a jaxfn function"  # kept by the operation that reads it
             report.append(Residual("", description, shape, str(dtype), nbytes, kind))
     return Report(report)
-
-
-def name_of_token(description: str) -> bool:
-    """Whether JAX's description is of the zero-size array that tells a jaxfn backward its trace."""
-    return "jaxfn" in description and ("_reverse_mode" in description or "_primitive" in description)
 
 
 def _name_in(description: str) -> str | None:

@@ -13,6 +13,8 @@ from pathlib import Path
 import jax
 import pytest
 
+from jaxfn import _saves
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "two_layer_net.py"
 
@@ -145,6 +147,7 @@ def test_detect_anomaly_names_the_function_where_the_divergence_began():
     )
 
 
+@pytest.mark.skipif(not _saves.available(), reason="no save names on jax 0.10 with jax_remat3 on")
 def test_report_saves_lists_what_one_step_keeps():
     result = run("--report-saves")
     assert result.returncode == 0, result.stderr
