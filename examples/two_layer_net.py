@@ -34,16 +34,151 @@ import sys
 import threading
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
-
-import jaxfn
-
+STARTED = time.perf_counter()  # what the user waits for counts from here
 PROG = "two_layer_net.py"
+
+
+# The command line: parsed before JAX is imported, so --help and a bad flag answer at once -----------
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, like 500, but got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, like 1, but got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, like 1e-6, but got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def png_path(text: str) -> str:
+    """--plot's path, checked before anything trains: its folder exists and can be written, and
+    matplotlib is installed."""
+    import importlib.util
+
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder} does not exist, so {text!r} can't be written")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {folder} can't be written to, so {text!r} can't be saved")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError("needs matplotlib, which is not installed: pip install 'jaxfn[examples]'")
+    return text
+
+
+def host_port(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
+    return text
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, no usage block
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
+    parser.add_argument("--lr", type=positive_float, default=1e-6, help="learning rate (default 1e-6)")
+    parser.add_argument("--batch", type=positive_int, default=64, help="global batch size N (default 64)")
+    parser.add_argument("--d-in", type=positive_int, default=1000, help="input size D_in (default 1000)")
+    parser.add_argument("--hidden", type=positive_int, default=100, help="hidden size H (default 100)")
+    parser.add_argument("--d-out", type=positive_int, default=10, help="output size D_out (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--print-every", type=positive_int, default=100, help="print interval (default 100)")
+    parser.add_argument("--plot", metavar="PATH", type=png_path, help="save the loss curve (log scale) as a PNG")
+    parser.add_argument(
+        "--report-saves",
+        action="store_true",
+        help="print what one training step keeps for its backward (jaxfn.saved), then stop",
+    )
+    parser.add_argument(
+        "--detect-anomaly",
+        action="store_true",
+        help="check every jaxfn function for NaN/Inf and name the first that makes one (jaxfn.detect_anomaly)",
+    )
+    parser.add_argument(
+        "--spmd",
+        choices=("jit", "shard_map"),
+        default="jit",
+        help="jit: the step written for the whole batch, partitioned by jit (default); "
+        "shard_map: the step written per device with jax.shard_map (check_vma on)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("highest", "default"),
+        default="highest",
+        help="float32 matmul precision: highest = full float32 (default); "
+        "default = the backend's choice (TF32 on NVIDIA GPUs: faster, but too coarse for this learning rate)",
+    )
+    group = parser.add_argument_group("several processes (jax.distributed)")
+    group.add_argument("--coordinator", type=host_port, metavar="HOST:PORT", help="process 0's address")
+    group.add_argument("--num-processes", type=positive_int, metavar="N", help="number of processes")
+    group.add_argument("--process-id", type=non_negative_int, metavar="I", help="this process's index, 0 to N-1")
+    group.add_argument(
+        "--local-processes",
+        type=positive_int,
+        metavar="N",
+        help="start N copies of this script on this machine (CPU backend, coordinator on 127.0.0.1) and wait",
+    )
+    group.add_argument(
+        "--single-process",
+        action="store_true",
+        help="ignore a cluster environment (SLURM, Open MPI, cloud TPU) and run as one process",
+    )
+    group.add_argument(
+        "--timeout",
+        type=positive_int,
+        default=120,
+        metavar="S",
+        help="seconds to wait for the other processes to connect, and before a silent one is declared dead "
+        "(default 120)",
+    )
+    args = parser.parse_args(argv)
+    explicit = [args.coordinator, args.num_processes, args.process_id]
+    if any(v is not None for v in explicit) and None in explicit:
+        parser.error("--coordinator, --num-processes and --process-id go together: give all three or none")
+    if args.process_id is not None and args.process_id >= args.num_processes:
+        parser.error(f"--process-id {args.process_id} must be below --num-processes {args.num_processes}")
+    if args.local_processes and args.coordinator:
+        parser.error("--local-processes starts its own processes: leave out --coordinator")
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args(sys.argv[1:])  # exits here on --help or a bad flag, before the imports below
+
+import jax  # noqa: E402 - after the command line on purpose (see above)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxfn  # noqa: E402
 
 
 # In the forward pass we receive an array containing the input and return an array containing
@@ -106,109 +241,6 @@ def make_train(step, chunk: int):
         return lax.fori_loop(0, steps, body, (params, jnp.zeros(chunk, x.dtype)))
 
     return jax.jit(train, donate_argnums=0)
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def host_port(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
-    return text
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, no usage block
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(2)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
-    parser.add_argument("--lr", type=positive_float, default=1e-6, help="learning rate (default 1e-6)")
-    parser.add_argument("--batch", type=positive_int, default=64, help="global batch size N (default 64)")
-    parser.add_argument("--d-in", type=positive_int, default=1000, help="input size D_in (default 1000)")
-    parser.add_argument("--hidden", type=positive_int, default=100, help="hidden size H (default 100)")
-    parser.add_argument("--d-out", type=positive_int, default=10, help="output size D_out (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--print-every", type=positive_int, default=100, help="print interval (default 100)")
-    parser.add_argument("--plot", metavar="PATH", help="save the loss curve (log scale) as a PNG")
-    parser.add_argument(
-        "--report-saves",
-        action="store_true",
-        help="print what one training step keeps for its backward (jaxfn.saved), then stop",
-    )
-    parser.add_argument(
-        "--detect-anomaly",
-        action="store_true",
-        help="check every jaxfn function for NaN/Inf and name the first that makes one (jaxfn.detect_anomaly)",
-    )
-    parser.add_argument(
-        "--spmd",
-        choices=("jit", "shard_map"),
-        default="jit",
-        help="jit: the step written for the whole batch, partitioned by jit (default); "
-        "shard_map: the step written per device with jax.shard_map (check_vma on)",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=("highest", "default"),
-        default="highest",
-        help="float32 matmul precision: highest = full float32 (default); "
-        "default = the backend's choice (TF32 on NVIDIA GPUs: faster, but too coarse for this learning rate)",
-    )
-    group = parser.add_argument_group("several processes (jax.distributed)")
-    group.add_argument("--coordinator", type=host_port, metavar="HOST:PORT", help="process 0's address")
-    group.add_argument("--num-processes", type=positive_int, metavar="N", help="number of processes")
-    group.add_argument("--process-id", type=non_negative_int, metavar="I", help="this process's index, 0 to N-1")
-    group.add_argument(
-        "--local-processes",
-        type=positive_int,
-        metavar="N",
-        help="start N copies of this script on this machine (CPU backend, coordinator on 127.0.0.1) and wait",
-    )
-    group.add_argument(
-        "--single-process",
-        action="store_true",
-        help="ignore a cluster environment (SLURM, Open MPI, cloud TPU) and run as one process",
-    )
-    group.add_argument(
-        "--timeout",
-        type=positive_int,
-        default=120,
-        metavar="S",
-        help="seconds to wait for the other processes to connect, and before a silent one is declared dead "
-        "(default 120)",
-    )
-    args = parser.parse_args(argv)
-    explicit = [args.coordinator, args.num_processes, args.process_id]
-    if any(v is not None for v in explicit) and None in explicit:
-        parser.error("--coordinator, --num-processes and --process-id go together: give all three or none")
-    if args.process_id is not None and args.process_id >= args.num_processes:
-        parser.error(f"--process-id {args.process_id} must be below --num-processes {args.num_processes}")
-    if args.local_processes and args.coordinator:
-        parser.error("--local-processes starts its own processes: leave out --coordinator")
-    return args
 
 
 # Joining a multi-process run ------------------------------------------------------------------
@@ -390,8 +422,10 @@ def _train(args: argparse.Namespace, say) -> dict:
     chunk = max(b - a for a, b in zip([0, *marks], marks))
     losses: list[float] = []
     start = time.perf_counter()
+    say(f"Compiling the training loop ({args.steps} steps, batch {args.batch}) ...", flush=True)
     compiled = compile_training(args, mesh, (params, x, y), chunk)
     compile_s = time.perf_counter() - start
+    startup_s = time.perf_counter() - STARTED  # imports, devices, data and compiling: what the user waited
     start = time.perf_counter()
     for previous, mark in zip([0, *marks], marks):
         params, chunk_losses = compiled(params, x, y, mark - previous)
@@ -400,7 +434,13 @@ def _train(args: argparse.Namespace, say) -> dict:
         losses.extend(chunk_losses.tolist())
         say(f"Step: {mark} : {chunk_losses[-1]:.7g}", flush=True)
     done = time.perf_counter()
-    return dict(losses=losses, compile_s=compile_s, run_s=done - start, devices=mesh.devices.ravel().tolist())
+    return dict(
+        losses=losses,
+        compile_s=compile_s,
+        startup_s=startup_s,
+        run_s=done - start,
+        devices=mesh.devices.ravel().tolist(),
+    )
 
 
 def plot(path: str, losses: list[float]) -> None:
@@ -435,8 +475,11 @@ def precision_line(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+    if argv is None and "ARGS" in globals():  # run as a script: parsed already, before the imports
+        argv, args = sys.argv[1:], ARGS
+    else:
+        argv = sys.argv[1:] if argv is None else argv
+        args = parse_args(argv)
     if args.local_processes:
         return launch_local(args, argv)
     try:
@@ -468,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_s = args.steps / result["run_s"]
     say(
         f"Done: {args.steps} steps on {describe(args, result['devices'], processes)}; "
-        f"compile {result['compile_s']:.2f} s, {steps_per_s:,.0f} steps/s, final loss {result['losses'][-1]:.4g}"
+        f"compile {result['compile_s']:.2f} s (start-up {result['startup_s']:.2f} s in all), {steps_per_s:,.0f} "
+        f"steps/s, final loss {result['losses'][-1]:.4g}"
     )
     if args.plot and rank == 0:
         plot(args.plot, result["losses"])

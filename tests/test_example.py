@@ -31,6 +31,7 @@ def compilation_cache(tmp_path_factory):
 
 def run(*args, devices=1, timeout=300):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": CACHE}
+    env["MPLCONFIGDIR"] = os.path.join(CACHE, "matplotlib")  # matplotlib's cache stays out of the home folder
     env.pop("JAX_ENABLE_X64", None)
     for name in [k for k in env if k.startswith(("SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "KUBERNETES_"))]:
         del env[name]  # one process: the outer environment must not make the script join a multi-process run
@@ -57,7 +58,7 @@ def test_few_steps_on_1_and_8_devices_give_the_same_falling_loss():
     assert b[1] == pytest.approx(a[1], rel=1e-5)
     assert b[30] == pytest.approx(a[30], rel=1e-2)
     assert "on 1 cpu device(s)" in one.stdout and "on 8 cpu device(s) (data parallel" in eight.stdout
-    assert re.search(r"compile [\d.]+ s, [\d,]+ steps/s, final loss", one.stdout)
+    assert re.search(r"compile [\d.]+ s \(start-up [\d.]+ s in all\), [\d,]+ steps/s, final loss", one.stdout)
     for result in (one, eight):
         assert result.stdout.splitlines()[0] == "Matmul precision: highest (full float32)"
         assert "Processes:" not in result.stdout  # no cluster here: one process
@@ -94,7 +95,12 @@ def test_precision_default_is_accepted_and_said():
     result = run("--steps", "2", "--precision", "default")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "Matmul precision: default (the backend's choice; TF32 on NVIDIA GPUs)"
+    assert result.stdout.splitlines()[1] == "Compiling the training loop (2 steps, batch 64) ..."
     assert "Done: 2 steps" in result.stdout
+    compile_s, startup_s = map(
+        float, re.search(r"compile ([\d.]+) s \(start-up ([\d.]+) s in all\)", result.stdout).groups()
+    )
+    assert 0 < compile_s <= startup_s
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +206,40 @@ def test_plot_writes_a_png(tmp_path):
     result = run("--steps", "20", "--print-every", "10", "--plot", str(path))
     assert result.returncode == 0, result.stderr
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# The script with JAX made unimportable: what it answers before importing JAX, it answers at once.
+WITHOUT_JAX = "import sys, runpy; sys.modules['jax'] = None; sys.argv = [sys.argv[1], *sys.argv[2:]]; " + (
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def run_without_jax(*args):
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_JAX, str(SCRIPT), *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--steps", "abc"), r"argument --steps: must be a positive whole number, like 500, but got 'abc'"),
+        (("--lr", "fast"), r"argument --lr: must be a positive number, like 1e-6, but got 'fast'"),
+        (("--lr", "-1"), r"argument --lr: must be a positive number, got -1"),
+        (("--process-id", "x"), r"argument --process-id: must be a whole number, 0 or more, like 1, but got 'x'"),
+        (("--plot", "/nonexistent/loss.png"), r"argument --plot: the folder /nonexistent does not exist"),
+    ],
+)
+def test_flag_errors_answer_before_jax_is_imported_in_users_words(args, message):
+    result = run_without_jax(*args)
+    assert result.returncode == 2
+    assert re.fullmatch(r"two_layer_net.py: error: " + message + r".*\n", result.stderr)
+
+
+def test_help_answers_before_jax_is_imported():
+    result = run_without_jax("--help")
+    assert result.returncode == 0, result.stderr
+    assert "--steps" in result.stdout and "--report-saves" in result.stdout and "--detect-anomaly" in result.stdout
 
 
 @pytest.mark.slow
