@@ -44,10 +44,12 @@ def outside_traces(arrays: tuple[Any, ...] | list[Any]) -> bool:
 
 def remat3() -> bool:
     """Whether JAX's new checkpoint implementation (``jax_remat3``) is on (a flag of jax 0.10-0.11)."""
-    try:
-        return bool(jax.config.read("jax_remat3"))
-    except (AttributeError, KeyError, ValueError):  # a JAX without the flag
-        return False
+    return bool(getattr(jax.config, "jax_remat3", False))
+
+
+def custom_vjp3() -> bool:
+    """Whether JAX's new custom-derivative implementation (``jax_custom_vjp3``) is on."""
+    return bool(getattr(jax.config, "jax_custom_vjp3", False))
 
 
 def x64() -> bool:

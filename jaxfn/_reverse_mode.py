@@ -8,10 +8,11 @@ own trace's state. Under ``jit`` the zero-size residual is dead code and is remo
 
 Higher order: when ``fwd`` runs on another trace's tracers, an outer differentiation may later
 differentiate its output (``jax.grad`` of ``jax.grad``, also through a ``jit`` between them). The
-output then goes through ``tied(arrays, out)``: the same rule over one more input, ``out``
-itself, whose primal is ``out`` (nothing is traced again) and whose cotangent is zero, so the
-outer derivative of the output is backward's, as PyTorch gives, and not that of forward's
-operations.
+output then goes through ``_tie.tie``, whose derivative is this same custom rule's, so the outer
+derivative of the output is backward's, as PyTorch gives, and not that of forward's operations.
+With ``jax_custom_vjp3`` on, whose custom_vjp refuses the ``jax.jvp`` the tie's rule makes, the
+tie is a second ``jax.custom_vjp`` instead (the same rule over one more input, ``out``, whose
+primal is the identity and whose cotangent is zero), which costs a trace of the identity.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import CustomVJPPrimal
 
-from . import _arguments, _rule, _saves
+from . import _arguments, _jax_private, _rule, _saves, _tie
 from ._arguments import Arguments
 from ._context import Context
 from ._outputs import Outputs
@@ -55,7 +56,10 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
         token = np.zeros((0, len(traces) - 1), np.uint8)  # before the call below traces its own fwd
         if any(isinstance(a, Tracer) for a in arrays):
-            out = tied(tuple(arrays), tuple(out))  # an outer differentiation goes through backward too
+            if _jax_private.custom_vjp3():  # JAX's hijax custom_vjp refuses the jvp that the tie needs
+                out = tied(tuple(arrays), tuple(out))
+            else:
+                out = _tie.tie(primal, tuple(arrays), tuple(out))  # an outer differentiation goes through backward
         return tuple(out), (saved, token)
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
@@ -68,15 +72,9 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 
     @jax.custom_vjp
     def tied(arrays: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
-        return out
+        return out  # the tie as a custom_vjp: the same rule over one more input, out, whose cotangent is zero
 
-    def tied_fwd(arrays: tuple[CustomVJPPrimal, ...], out: tuple[CustomVJPPrimal, ...]) -> tuple[Any, Any]:
-        return fwd(*arrays)
-
-    def tied_bwd(residuals: Any, cotangents: Any) -> tuple[Any, Any]:
-        return bwd(residuals, cotangents), None  # out's own dependence on the inputs is forward's: cut
-
-    tied.defvjp(tied_fwd, tied_bwd, symbolic_zeros=True)
+    tied.defvjp(lambda arrays, out: fwd(*arrays), lambda res, cts: (bwd(res, cts), None), symbolic_zeros=True)
 
     def call(*arrays: Any) -> Any:
         out = primal(*arrays)

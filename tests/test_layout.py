@@ -20,6 +20,7 @@ LAYERS = [
     "_gradients",
     "_anomaly",
     "_rule",
+    "_tie",
     "_reverse_mode",
     "_forward_mode",
     "_eager",
