@@ -43,19 +43,25 @@ def _temp_bytes(f, *args):
 
 
 def test_linear_cross_entropy_gradcheck():
-    x, w, t = lce.example_inputs(tokens=8, hidden=3, vocab=5)
-    assert jaxfn.gradcheck(lce.linear_cross_entropy, x, w, t, 4)
+    x, w, t = lce.example_inputs(tokens=8, hidden=3, vocab=6)
+    assert jaxfn.gradcheck(lce.linear_cross_entropy, x, w, t, 4, 2)  # 2 x 3 blocks of 4 tokens x 2 vocab
 
 
-def _assert_linear_cross_entropy_matches_plain(transform, argnums):
+def _assert_linear_cross_entropy_matches_plain(transform, argnums, cotangent=1.0):
     x, w, t = lce.example_inputs(tokens=64, hidden=16, vocab=100)
-    value, grads = transform(jax.value_and_grad(lambda x, w: lce.linear_cross_entropy(x, w, t, 16), argnums))(x, w)
-    plain_value, plain_grads = jax.jit(jax.value_and_grad(lambda x, w: lce.plain_loss(x, w, t), argnums))(x, w)
+
+    def loss(x, w):
+        return cotangent * lce.linear_cross_entropy(x, w, t, 16, 25)  # 4 x 4 blocks
+
+    value, grads = transform(jax.value_and_grad(loss, argnums))(x, w)
+    plain = jax.jit(jax.value_and_grad(lambda x, w: cotangent * lce.plain_loss(x, w, t), argnums))
+    plain_value, plain_grads = plain(x, w)
     assert value.dtype == f32
     np.testing.assert_allclose(value, plain_value, rtol=1e-5)
-    for g, p in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(plain_grads)):
-        np.testing.assert_allclose(g, p, rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(lce.linear_cross_entropy(x, w, t, 16), plain_value, rtol=1e-5)  # no grad
+    for g, p in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(plain_grads), strict=True):
+        assert g.dtype == f32
+        np.testing.assert_allclose(g, p, rtol=1e-4, atol=1e-7 * abs(cotangent))
+    np.testing.assert_allclose(lce.linear_cross_entropy(x, w, t, 16, 25), plain_value / cotangent, rtol=1e-5)  # no grad
 
 
 def test_linear_cross_entropy_matches_plain_float32(maybe_jit):
@@ -64,28 +70,105 @@ def test_linear_cross_entropy_matches_plain_float32(maybe_jit):
 
 @pytest.mark.parametrize("argnums", [0, 1])
 def test_linear_cross_entropy_one_gradient(argnums):
-    """Only the gradient asked for is computed (needs_input_grad in forward) and it is right."""
+    """Only the gradient asked for is computed (needs_input_grad in backward) and it is right."""
     _assert_linear_cross_entropy_matches_plain(jax.jit, argnums)
+
+
+def test_linear_cross_entropy_scales_by_the_cotangent(maybe_jit):
+    """Backward folds grad_output into its blocks: a loss scaled by 3 gets 3 times the gradients."""
+    _assert_linear_cross_entropy_matches_plain(maybe_jit, (0, 1), cotangent=3.0)
+
+
+def test_linear_cross_entropy_default_chunks_fit_small_inputs():
+    x, w, t = lce.example_inputs(tokens=8, hidden=4, vocab=10)  # smaller than the default blocks
+    np.testing.assert_allclose(lce.linear_cross_entropy(x, w, t), lce.plain_loss(x, w, t), rtol=1e-6)
+
+
+def test_linear_cross_entropy_contenders_agree():
+    """Every layout in the entry's table computes the same loss and gradients as plain autodiff."""
+    x, w, t = lce.example_inputs(tokens=64, hidden=16, vocab=100)
+    plain_value, plain_grads = jax.jit(lce.loss_and_grads(lce.plain_loss))(x, w, t)
+    for name, loss in lce.contenders(chunk=16, vocab_chunks=[25, 50], token_chunk=16).items():
+        value, grads = jax.jit(lce.loss_and_grads(loss))(x, w, t)
+        np.testing.assert_allclose(value, plain_value, rtol=1e-5, err_msg=name)
+        assert lce.relative_error(grads, plain_grads) < 1e-5, name
+
+
+def _lce_temps(tokens, hidden, vocab, loss, scaled=False):
+    """Compiled loss+grad temporaries (nothing runs); ``scaled``: the loss times a runtime scalar."""
+    shapes = lce.example_shapes(tokens, hidden, vocab)
+    if not scaled:
+        return _temp_bytes(lce.loss_and_grads(loss), *shapes)
+    scaled_loss = jax.grad(lambda x, w, t, s: s * loss(x, w, t), argnums=(0, 1))
+    return _temp_bytes(scaled_loss, *shapes, jax.ShapeDtypeStruct((), f32))
+
+
+def test_linear_cross_entropy_memory_small():
+    """Less than the best plain-JAX layout (a vocab-chunked scan) at the same vocab chunk, and less
+    than one copy of the weight in all, also when the cotangent is not the constant 1."""
+    tokens, hidden, vocab = 1024, 128, 16000
+    weight_bytes = vocab * hidden * 4
+    contenders = lce.contenders(chunk=128, vocab_chunks=[500, 1000], token_chunk=128)
+    temps = {name: _lce_temps(tokens, hidden, vocab, f) for name, f in contenders.items()}
+    plain_jax = min(temp for name, temp in temps.items() if not name.startswith("jaxfn"))
+    assert plain_jax == temps["lax.scan over vocab chunks of 500"]
+    for v in (500, 1000):
+        assert temps[f"jaxfn, blocks of 128 tokens x {v} vocab"] <= temps[f"lax.scan over vocab chunks of {v}"]
+    fused = temps["jaxfn, blocks of 128 tokens x 500 vocab"]
+    scaled = _lce_temps(tokens, hidden, vocab, contenders["jaxfn, blocks of 128 tokens x 500 vocab"], scaled=True)
+    assert fused < weight_bytes / 4 and scaled < weight_bytes / 4
+    assert temps["plain autodiff"] > tokens * vocab * 4  # the logits
 
 
 def test_linear_cross_entropy_memory_at_the_issue_size():
     """Compiled only (nothing runs): tokens 4096, hidden 512, vocab 32000, float32."""
-    args = (
-        jax.ShapeDtypeStruct((4096, 512), f32),
-        jax.ShapeDtypeStruct((32000, 512), f32),
-        jax.ShapeDtypeStruct((4096,), jnp.int32),
-    )
-    temps = [_temp_bytes(lce.loss_and_grads(f), *args) for f in lce.contenders(128).values()]
-    plain, checkpointed, fused = temps
-    assert plain > 1e9  # the (tokens, vocab) logits and their gradient
-    assert fused * 8 <= plain
-    assert fused < checkpointed
+    temps = {name: _lce_temps(4096, 512, 32000, f) for name, f in lce.contenders(vocab_chunks=[500, 2000]).items()}
+    fused = temps["jaxfn, blocks of 1024 tokens x 500 vocab"]
+    assert temps["plain autodiff"] > 1e9  # the (tokens, vocab) logits and their gradient
+    assert fused * 100 <= temps["plain autodiff"]
+    assert fused < temps["lax.scan over token chunks of 128"]
+    assert fused <= temps["lax.scan over vocab chunks of 500"]
+    assert temps["jaxfn, blocks of 1024 tokens x 2000 vocab"] <= temps["lax.scan over vocab chunks of 2000"]
+    assert fused < 32000 * 512 * 4 / 4  # nothing weight-sized
+
+
+def test_linear_cross_entropy_compiles_like_a_hand_written_custom_vjp():
+    """The memory is the algorithm's: jaxfn's gradient needs what jax.custom_vjp of the same passes needs."""
+
+    @jax.custom_vjp
+    def hand_written(x, w, t):
+        return hand_written_fwd(x, w, t)[0]
+
+    def hand_written_fwd(x, w, t):
+        lse, picked = lce._loss_terms(x, w, t, 128, 500)
+        return jnp.sum(lse - picked) / x.shape[0], (x, w, t, lse)
+
+    def hand_written_bwd(residuals, g):
+        x, w, t, lse = residuals
+        return (*lce._gradients(x, w, t, lse, g / x.shape[0], 128, 500, True, True), None)
+
+    hand_written.defvjp(hand_written_fwd, hand_written_bwd)
+    ours = _lce_temps(1024, 128, 16000, lambda x, w, t: lce.linear_cross_entropy(x, w, t, 128, 500))
+    assert ours == _lce_temps(1024, 128, 16000, hand_written)
 
 
 def test_linear_cross_entropy_chunk_must_divide():
-    x, w, t = lce.example_inputs(tokens=10, hidden=3, vocab=5)
-    with pytest.raises(ValueError, match="multiple of chunk"):
+    x, w, t = lce.example_inputs(tokens=10, hidden=3, vocab=6)
+    with pytest.raises(ValueError, match="tokens \\(10\\) must be a multiple of chunk \\(4\\)"):
         lce.linear_cross_entropy(x, w, t, 4)
+    with pytest.raises(ValueError, match="vocab \\(6\\) must be a multiple of vocab_chunk \\(4\\)"):
+        lce.linear_cross_entropy(x, w, t, 5, 4)
+
+
+def test_linear_cross_entropy_plot(tmp_path, monkeypatch, capsys):
+    """``--plot`` draws temporaries against vocabulary size and prints the plotted numbers."""
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "memory.png"
+    lce.main([*"--small --memory-only --vocab-chunks 500 1000 --plot-vocabs 2000 4000 --plot".split(), str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "| 4,000 |" in out and "(chunk 500)" in out
 
 
 # 2. Implicit differentiation of a fixed point

@@ -29,14 +29,24 @@ def memory(executable: Any) -> dict[str, int]:
 
 def interleaved_medians(calls: dict[str, Callable[[], Any]], repeats: int, warmup: bool = True):
     """Median seconds per call, the contenders run in turn within each repeat; also each one's last result."""
+    wall, _, results = interleaved_wall_and_cpu(calls, repeats, warmup)
+    return wall, results
+
+
+def interleaved_wall_and_cpu(calls: dict[str, Callable[[], Any]], repeats: int, warmup: bool = True):
+    """As ``interleaved_medians``, with the median CPU seconds too (``time.process_time``: every thread
+    of this process), which other jobs on a shared machine disturb less than wall time."""
     results = {name: jax.block_until_ready(call()) for name, call in calls.items()} if warmup else {}
-    times: dict[str, list[float]] = {name: [] for name in calls}
+    wall: dict[str, list[float]] = {name: [] for name in calls}
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             results[name] = jax.block_until_ready(call())
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(seconds) for name, seconds in times.items()}, results
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    medians = {name: statistics.median(seconds) for name, seconds in wall.items()}
+    return medians, {name: statistics.median(seconds) for name, seconds in cpu.items()}, results
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
