@@ -52,7 +52,7 @@ def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) ->
             _KNOWN[name] = entry
         if records is not None:
             records.setdefault(name, []).append(entry)
-    return [checkpoint_name(value, name) for value, name in zip(saved, names)]
+    return [_jax_private.checkpoint_name(value, name) for value, name in zip(saved, names)]
 
 
 @functools.cache
