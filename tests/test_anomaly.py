@@ -139,3 +139,29 @@ def test_host_functions_are_checked_too():
     with pytest.raises(jaxfn.AutogradFunctionError, match=backward):
         with jaxfn.detect_anomaly():
             jax.block_until_ready(jax.jit(jax.grad(lambda x: host_sqrt(x).sum()))(jnp.array([0.0, 1.0])))
+
+
+@pytest.mark.parametrize(
+    "x, what",
+    [
+        (jnp.array([1.0, jnp.inf], jnp.bfloat16), r"inf at index \(1,\)"),
+        (jnp.array([1 + 1j, jnp.nan]), r"nan at index \(1,\)"),
+        (jnp.float32(jnp.nan), r"nan at index \(\)"),
+        (jnp.zeros((0, 3)), None),
+    ],
+    ids=["bfloat16", "complex", "scalar", "empty"],
+)
+def test_dtypes_scalars_and_empty_arrays(x, what):
+    double = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="double")
+    for call in (double, jax.jit(double)):
+        if what is None:
+            with jaxfn.detect_anomaly():
+                assert jax.block_until_ready(call(x)).shape == x.shape
+            continue
+        with pytest.raises(
+            jaxfn.AutogradFunctionError,
+            match=r"'double': forward returned a non-finite value in its "
+            r"output \(" + what,
+        ):
+            with jaxfn.detect_anomaly():
+                jax.block_until_ready(call(x))
