@@ -126,8 +126,8 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     taken: dict[str, int] = {}
     report = []
     for aval, description in rows:
-        shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        shape, dtype = tuple(aval.shape), aval.dtype
+        nbytes = _nbytes(shape, dtype)
         if not nbytes:
             continue  # a zero-size residual (jaxfn's token telling a backward its trace) holds nothing
         name = _name_in(description)
@@ -144,6 +144,14 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
                 description = "output of a jaxfn function"  # kept by the operation that reads it
             report.append(Residual("", description, shape, str(dtype), nbytes, kind))
     return Report(report)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """Bytes an array of this shape and dtype holds (a PRNG key: its key data's)."""
+    if jnp.issubdtype(dtype, jax.dtypes.extended):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
+        return int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def _name_in(description: str) -> str | None:

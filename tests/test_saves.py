@@ -152,3 +152,25 @@ def test_offload_policy_on_this_backend():
     except Exception as err:  # noqa: BLE001 - the backend's own refusal is what this records
         pytest.skip(f"offloading to pinned_host is not supported on {jax.default_backend()}: {str(err)[:200]}")
     np.testing.assert_allclose(got, jax.grad(plain)(X, W1, W2, P), rtol=1e-10)
+
+
+def test_keys_integers_and_low_precision_saves():
+    def forward(ctx, x, key):
+        mask = jax.random.bernoulli(key, 0.5, x.shape)
+        ctx.save_for_backward(mask=mask, key=key, idx=jnp.arange(3), half=x.astype(jnp.bfloat16))
+        return jnp.where(mask, x, 0)
+
+    drop = jaxfn.autograd_function(
+        forward, lambda ctx, g: (jnp.where(ctx.saved_variables.mask, g, 0), None), name="drop"
+    )
+    x, key = jnp.arange(1.0, 4.0), jax.random.key(0)
+    rows = [(r.save, r.shape, r.dtype, r.nbytes) for r in jaxfn.saved(lambda x: drop(x, key).sum(), x) if r.function]
+    assert rows == [
+        ("mask", (3,), "bool", 3),
+        ("key", (), "key<fry>", 8),
+        ("idx", (3,), "int32", 12),
+        ("half", (3,), "bfloat16", 6),
+    ]
+    mask = jax.random.bernoulli(key, 0.5, x.shape)
+    policy = jax.checkpoint_policies.save_only_these_names("drop.mask")
+    np.testing.assert_array_equal(jax.grad(jax.checkpoint(lambda x: drop(x, key).sum(), policy=policy))(x), mask)
