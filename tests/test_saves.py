@@ -157,7 +157,7 @@ def test_offload_policy_on_this_backend():
 def test_keys_integers_and_low_precision_saves():
     def forward(ctx, x, key):
         mask = jax.random.bernoulli(key, 0.5, x.shape)
-        ctx.save_for_backward(mask=mask, key=key, idx=jnp.arange(3), half=x.astype(jnp.bfloat16))
+        ctx.save_for_backward(mask=mask, key=key, idx=jnp.arange(3, dtype=jnp.int32), half=x.astype(jnp.bfloat16))
         return jnp.where(mask, x, 0)
 
     drop = jaxfn.autograd_function(
