@@ -174,6 +174,20 @@ def test_linear_cross_entropy_plot(tmp_path, monkeypatch, capsys):
 # 2. Implicit differentiation of a fixed point
 
 
+def test_fixed_point_plot(tmp_path, monkeypatch, capsys):
+    """``--plot`` draws temporaries against iterations: autodiff's grow, jaxfn's stay flat."""
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "memory.png"
+    deq.main([*"--batch 4 --width 16 --features 4 --plot-iterations 10 100 --plot".split(), str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| 10 |", "| 100 |"))]
+    (unrolled_10, jaxfn_10), (unrolled_100, jaxfn_100) = [
+        [float(c.split()[0]) for c in r.split("|")[2:4]] for r in rows
+    ]
+    assert unrolled_100 > unrolled_10 and jaxfn_100 == jaxfn_10
+
+
 def test_fixed_point_gradcheck():
     x, w, u, _ = deq.example_inputs(batch=3, width=4, features=2, dtype=jnp.float64)
     assert jaxfn.gradcheck(deq.fixed_point, x, w, u, 60)

@@ -7,6 +7,7 @@ iteration count while this one stays flat:
 
     python examples/gallery/deq_fixed_point.py                 # batch 64, width 256, 10/100/1000 iterations
     python examples/gallery/deq_fixed_point.py --iterations 10 100 --width 64
+    python examples/gallery/deq_fixed_point.py --plot docs/images/deq_fixed_point_memory.png   # memory by iterations
 """
 
 from __future__ import annotations
@@ -105,6 +106,34 @@ def measure_row(iterations, args, repeats):
     ]
 
 
+PLOT_ITERATIONS = [10, 30, 100, 300, 1000, 3000]
+
+
+def memory_by_iterations(args, counts):
+    """Compiled loss+grad temporaries (bytes) at each iteration count: unrolled, and jaxfn."""
+    solvers = {"plain autodiff, unrolled loop": plain_fixed_point, "jaxfn, implicit backward": fixed_point}
+    return {
+        name: [memory(compiled(jax.grad(loss(solve, n), (0, 1, 2)), *args))["temp"] for n in counts]
+        for name, solve in solvers.items()
+    }
+
+
+def plot(path, counts, series, title):
+    """Temporaries against iterations, log-log; matplotlib only when plotting (the examples extra)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.5))
+    axes = figure.subplots()
+    for (name, temps), marker in zip(series.items(), "os"):
+        axes.plot(counts, [t / 1e6 for t in temps], marker=marker, label=name)
+    axes.set(xscale="log", yscale="log", xlabel="fixed-point iterations", ylabel="compiled temporaries (MB)")
+    axes.set_title(title, fontsize=10)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -112,8 +141,18 @@ def main(argv=None):
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--iterations", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--plot", metavar="PNG", help="plot temporaries against iterations instead (compiled only)")
+    parser.add_argument("--plot-iterations", type=int, nargs="+", default=PLOT_ITERATIONS)
     a = parser.parse_args(argv)
     args = example_inputs(a.batch, a.width, a.features)
+    if a.plot:
+        series = memory_by_iterations(args, a.plot_iterations)
+        title = f"loss + gradient, batch {a.batch}, width {a.width}, float32 ({machine()})"
+        plot(a.plot, a.plot_iterations, series, title)
+        print(f"compiled temporaries by iterations, {title}; compiled only; plotted to {a.plot}\n")
+        rows = [[n, *(mb(temps[i]) for temps in series.values())] for i, n in enumerate(a.plot_iterations)]
+        print(markdown_table(["iterations", *series], rows))
+        return
     rows = [measure_row(n, args, a.repeats) for n in a.iterations]
     print(f"z = tanh(z @ W.T + x @ U.T), batch {a.batch}, width {a.width}, features {a.features}, float32")
     print(f"{machine()}; backward = the compiled pullback alone, medians of {a.repeats}, interleaved\n")
