@@ -1,5 +1,9 @@
 """The seeds' example functions, written with jaxfn as the R torch documents write them."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 
@@ -114,3 +118,9 @@ def make_step(relu):
         return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
 
     return step
+
+
+def run_on_8_devices(code: str, cwd: str) -> subprocess.CompletedProcess:
+    """``python -c code`` with 8 host CPU devices (set before JAX is imported), bounded in time."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=cwd)

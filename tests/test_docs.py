@@ -93,17 +93,22 @@ def test_every_python_block_of_the_page_runs_in_order(path):
             raise AssertionError(f"docs/{_id(path)} block {number} (line {line}) failed: {err!r}\n{code}") from err
 
 
-def test_the_site_builds_strictly(tmp_path):
-    """No broken link, missing anchor, page left out of the navigation or unresolved API name."""
-    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
-        pytest.skip("mkdocs or mkdocstrings is not installed (pip install -e '.[docs]')")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+def build_site(site_dir: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of this checkout into ``site_dir`` (bounded in time)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """No broken link, missing anchor, page left out of the navigation or unresolved API name."""
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
+        pytest.skip("mkdocs or mkdocstrings is not installed (pip install -e '.[docs]')")
+    done = build_site(tmp_path / "site")
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "api" / "autograd_function" / "index.html").is_file()

@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_docs import build_site
 
 ROOT = Path(__file__).resolve().parent.parent
 NAV = [
@@ -97,14 +98,7 @@ def site(tmp_path_factory):
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
         pytest.skip("mkdocs or mkdocstrings is not installed (pip install -e '.[docs]')")
     tmp = tmp_path_factory.mktemp("site")
-    built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp / "site")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )
+    built = build_site(tmp / "site")
     assert built.returncode == 0, built.stdout + built.stderr
     log = tmp / "server.log"
     with open(log, "wb") as log_file:

@@ -6,7 +6,6 @@ differences; every batched result with ``jax.vmap`` of the plain math, or one ex
 
 import os
 import pickle
-import subprocess
 import sys
 import textwrap
 
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from seeds import run_on_8_devices
 
 import jaxfn
 from jaxfn import _primitive
@@ -433,15 +433,7 @@ SHARDED = textwrap.dedent(
 
 @pytest.mark.slow
 def test_sharded_jit_over_8_devices():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run(
-        [sys.executable, "-c", SHARDED],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=os.path.dirname(__file__),
-    )
+    result = run_on_8_devices(SHARDED, cwd=os.path.dirname(__file__))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("OK")
 

@@ -3,8 +3,6 @@
 import dataclasses
 import functools
 import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 from jax.test_util import check_grads
-from seeds import linear, my_relu, plain_linear_free  # noqa: F401  (see seeds.py)
+from seeds import linear, my_relu, plain_linear_free, run_on_8_devices  # noqa: F401  (see seeds.py)
 
 import jaxfn
 
@@ -260,15 +258,7 @@ SHARDED = textwrap.dedent(
 
 @pytest.mark.slow
 def test_data_parallel_jit_over_8_devices_matches_one_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run(
-        [sys.executable, "-c", SHARDED],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=os.path.dirname(os.path.dirname(__file__)),
-    )
+    result = run_on_8_devices(SHARDED, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("OK")
 
