@@ -26,7 +26,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from . import _anomaly, _arguments, _context, _gradients, _host_values, _jax_private, _keys, _rule
@@ -89,7 +88,7 @@ class HostFunction:
         """``call(*arrays)``: the full output, through a ``jax.custom_vjp`` whose forward and backward
         call the host code. ``args`` is the call without its arrays."""
         name = self.definition.name
-        traces: list[tuple[_Probe, list[Any], tuple[bool, ...]]] = []
+        traces = _rule.Traces()
         infos: list[Outputs] = []
 
         @jax.custom_vjp
@@ -104,12 +103,12 @@ class HostFunction:
             infos.append(probe.info)
             results = bind(name, self._call(probe, args, "forward"), (*probe.info.avals, *probe.carried), *arrays)
             outs, carried = results[: len(probe.info.avals)], results[len(probe.info.avals) :]
-            traces.append((probe, _arguments.shape_dtypes(arrays), probe.flags))
-            return tuple(outs), (list(carried), lax.full((0, len(traces) - 1), 0, jnp.uint8))
+            token = traces.token((probe, _arguments.shape_dtypes(arrays), probe.flags))
+            return tuple(outs), (list(carried), token)
 
         def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
             carried, token = residuals
-            probe, avals, perturbed = traces[token.shape[1]]
+            probe, avals, perturbed = traces[token]
             present = tuple(
                 flag and not isinstance(ct, SymbolicZero) for flag, ct in zip(probe.info.differentiable, cotangents)
             )

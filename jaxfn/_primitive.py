@@ -10,10 +10,9 @@ that imports it, and where JAX versions differ it is here.
 The rules, each on one call's flat arrays (``_Rules``):
 
 * ``primal``: forward's outputs (``_rule.primal``; a host function's callback);
-* ``fwd``/``bwd``: reverse mode, from the user's backward through the same rule as
-  ``_reverse_mode`` (forward's context crosses as residuals, its static part per trace behind a
-  zero-size token); for ``host=True``, the host builder's ``jax.custom_vjp`` differentiated by
-  ``jax.vjp``;
+* ``fwd``/``bwd``: reverse mode, from the user's backward through ``_reverse_mode.rule``
+  (forward's context crosses as residuals, its static part per trace in ``_rule.Traces``); for
+  ``host=True``, the host builder's ``jax.custom_vjp`` differentiated by ``jax.vjp``;
 * ``jvp``: the user's ``jvp(ctx, *tangents)``, reading what forward saved with
   ``ctx.save_for_forward``; or, with ``forward_mode=True``, ``_forward_mode``'s derived rule
   through ``jax.jvp``; or none (forward mode refused in jaxfn's words);
@@ -36,13 +35,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
-from . import _arguments, _context, _forward_mode, _reverse_mode, _rule, _saves
+from . import _arguments, _context, _forward_mode, _reverse_mode, _rule
 from ._arguments import DIFF, Arguments, dtype_kind
-from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._outputs import Outputs
 
@@ -277,25 +274,18 @@ def build(
 
 
 def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple[bool, ...]) -> tuple[Any, Any]:
-    """Reverse mode from the user's backward, as ``_reverse_mode`` builds it: the context crosses
-    as residuals, its static part kept per trace and found again through a zero-size token."""
-    traces: list[tuple[Any, ...]] = []
+    """Reverse mode from the user's backward: ``_reverse_mode``'s rule, with zeros for the
+    float/complex inputs JAX is not differentiating (a batched backward returns arrays for all)."""
+    forward, backward = _reverse_mode.rule(definition, args)
 
     def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
-        ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
-        saved, remainder = ctx.to_residuals()
-        saved = _saves.named(definition.name, saved, remainder, arrays)
-        traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
-        return tuple(out), (saved, lax.full((0, len(traces) - 1), 0, jnp.uint8))
+        out, _, residuals = forward(arrays, perturbed)
+        return tuple(out), residuals
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
-        saved, token = residuals
-        remainder, info, avals, perturbed = traces[token.shape[-1]]
-        ctx = Context.from_residuals(saved, remainder)
-        grads = _rule.run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed))
+        grads, avals = backward(residuals, cotangents)
         return [
-            (_rule.zeros_like(jnp.zeros(a.shape, a.dtype)) if g is None else g) if d else None
-            for g, a, d in zip(grads, avals, in_diff)
+            (jnp.zeros(a.shape, a.dtype) if g is None else g) if d else None for g, a, d in zip(grads, avals, in_diff)
         ]
 
     return fwd, bwd
@@ -304,7 +294,7 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
 def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -> tuple[Any, Any]:
     """Reverse mode of a function that has its own (a host function's ``jax.custom_vjp``):
     ``jax.vjp`` over the differentiated inputs; its pullback is the residual."""
-    traces: list[tuple[tuple[bool, ...], list[Any]]] = []
+    traces = _rule.Traces()
 
     def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
         which = [i for i, p in enumerate(perturbed) if p]
@@ -316,12 +306,11 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -
             return primal(*merged)
 
         out, pullback = jax.vjp(on, *[arrays[i] for i in which])
-        traces.append((perturbed, _arguments.shape_dtypes(arrays)))
-        return out, (pullback, lax.full((0, len(traces) - 1), 0, jnp.uint8))
+        return out, (pullback, traces.token((perturbed, _arguments.shape_dtypes(arrays))))
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         pullback, token = residuals
-        perturbed, avals = traces[token.shape[-1]]
+        perturbed, avals = traces[token]
         info = infos[-1]
         cts = [
             (jnp.zeros(a.shape, a.dtype) if isinstance(c, SymbolicZero) else c)
@@ -481,7 +470,7 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, infos: list[Output
                 f"vmap must return a pair (outputs, out_dims), as in PyTorch, but it returned {type_name(returned)}",
             )
         out, out_dims = returned
-        out_leaves = _per_output_leaf(name, info, out if info.is_sequence else out, "vmap", "output")
+        out_leaves = _per_output_leaf(name, info, out, "vmap", "output")
         if out_dims is None or isinstance(out_dims, int):
             dim_leaves = [out_dims] * len(out_leaves)
         else:

@@ -1,10 +1,7 @@
 """The default builder: one ``jax.custom_vjp`` for one call's static structure.
 
-JAX may trace ``fwd`` of one call several times (once per set of differentiated arguments)
-before an earlier trace's ``bwd`` runs, and it keeps only the latest trace's residual tree
-structure. So each trace's static state goes into ``traces``, and the trace's index travels as
-the shape of a zero-size residual, ``(0, index)``: shapes are static, so each ``bwd`` reads its
-own trace's state. Under ``jit`` the zero-size residual is dead code and is removed.
+Each trace's static state (the context's remainder, the output's description) is kept in
+``_rule.Traces`` and found again by ``bwd`` through a zero-size residual.
 
 Higher order: when ``fwd`` runs on another trace's tracers, an outer differentiation may later
 differentiate its output (``jax.grad`` of ``jax.grad``, also through a ``jit`` between them). The
@@ -21,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import CustomVJPPrimal
 
@@ -31,13 +27,37 @@ from ._context import Context
 from ._outputs import Outputs
 
 
+def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The custom rule on one call's flat arrays, as this builder and ``_primitive`` use it:
+    ``forward(arrays, perturbed) -> (outputs, info, residuals)`` runs the user's forward with a
+    fresh context whose arrays cross as residuals (named, ``_saves``) and whose static part is
+    kept per trace; ``backward(residuals, cotangents) -> (one cotangent or None per array input,
+    the inputs' shapes and dtypes)`` runs the user's backward on the context rebuilt."""
+    traces = _rule.Traces()
+
+    def forward(arrays: Any, perturbed: Any) -> tuple[list[Any], Outputs, Any]:
+        ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
+        saved, remainder = ctx.to_residuals()
+        saved = _saves.named(definition.name, saved, remainder, arrays)
+        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
+        return out, info, (saved, token)
+
+    def backward(residuals: Any, cotangents: Any) -> tuple[list[Any], list[Any]]:
+        saved, token = residuals
+        remainder, info, avals, perturbed = traces[token]
+        ctx = Context.from_residuals(saved, remainder)
+        return _rule.run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed)), avals
+
+    return forward, backward
+
+
 def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """``call(*arrays)``: the function's full output, through a ``jax.custom_vjp`` over the arrays.
 
     ``args`` is the call without its arrays (``Arguments.structure``): the rule keeps no
     reference to a call's arrays.
     """
-    traces: list[tuple[Any, ...]] = []
+    forward, backward = rule(definition, args)
     infos: list[Outputs] = []  # the output's description, from whichever trace ran last
 
     @jax.custom_vjp
@@ -48,25 +68,17 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 
     def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
         arrays = [p.value for p in primals]
-        perturbed = [p.perturbed for p in primals]
-        ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
+        out, info, residuals = forward(arrays, [p.perturbed for p in primals])  # its trace's token first
         infos.append(info)
-        saved, remainder = ctx.to_residuals()
-        saved = _saves.named(definition.name, saved, remainder, arrays)
-        traces.append((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
-        token = np.zeros((0, len(traces) - 1), np.uint8)  # before the call below traces its own fwd
         if any(isinstance(a, Tracer) for a in arrays):
             if _jax_private.custom_vjp3():  # JAX's hijax custom_vjp refuses the jvp that the tie needs
                 out = tied(tuple(arrays), tuple(out))
             else:
                 out = _tie.tie(primal, tuple(arrays), tuple(out))  # an outer differentiation goes through backward
-        return tuple(out), (saved, token)
+        return tuple(out), residuals
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
-        saved, token = residuals
-        remainder, info, avals, perturbed = traces[token.shape[1]]
-        ctx = Context.from_residuals(saved, remainder)
-        return tuple(_rule.run_backward(definition, args, ctx, info, list(cotangents), avals, perturbed))
+        return tuple(backward(residuals, cotangents)[0])
 
     primal.defvjp(fwd, bwd, symbolic_zeros=True)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _anomaly, _arguments, _context, _gradients, _outputs
 from ._arguments import DIFF, Arguments
@@ -88,6 +89,29 @@ class Definition:
         """One call's arguments, bound to forward's parameters and split into leaves."""
         bound = _arguments.bind(self.name, self.signature, args, kwargs, self.positional)
         return _arguments.split(bound, self.varargs)
+
+
+class Traces:
+    """What each trace of a builder's fwd keeps for its bwd, found again through a token.
+
+    JAX may trace one call's fwd several times (once per set of differentiated arguments) before
+    an earlier trace's bwd runs, and keeps only the latest trace's residual tree structure. So a
+    trace's static state goes here, and the trace's index travels as the shape of a zero-size
+    residual, ``(0, index)``: shapes are static, so each bwd reads its own trace's state. The
+    token is a NumPy constant (no equation in the program; under ``jit`` it is removed), and
+    under ``vmap`` it gains leading axes, so the index is its last dimension.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[Any] = []
+
+    def token(self, entry: Any) -> np.ndarray:
+        """Keep ``entry`` for this trace; the residual that finds it again."""
+        self._entries.append(entry)
+        return np.zeros((0, len(self._entries) - 1), np.uint8)
+
+    def __getitem__(self, token: Any) -> Any:
+        return self._entries[token.shape[-1]]
 
 
 _PLAIN = threading.local()
