@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,8 +28,6 @@ from jax.core import Tracer
 from . import _jax_private
 from ._errors import AutogradFunctionValueError, error
 
-_LOCAL = threading.local()  # without JAX's config state: a per-thread flag
-_GLOBAL = [os.environ.get("JAXFN_DETECT_ANOMALY", "").lower() in ("1", "true", "yes", "on")]
 _RAISED: list[BaseException] = []  # what the callbacks raised, newest last (callbacks run in XLA's threads)
 # JAX logs a failed callback with its traceback before it raises; jaxfn's own error says it all.
 _JAX_CALLBACK_LOGGERS = ("jax._src.debugging", "jax._src.callback")
@@ -52,9 +49,7 @@ def _quiet(on: bool) -> None:
 def enabled() -> bool:
     """Whether anomaly detection is on here (the context manager, the global switch or
     ``JAXFN_DETECT_ANOMALY=1``)."""
-    if _jax_private.anomaly_on():
-        return True
-    return getattr(_LOCAL, "on", False) or _GLOBAL[0]
+    return _jax_private.anomaly_on()
 
 
 def set_detect_anomaly(mode: bool) -> None:
@@ -65,7 +60,6 @@ def set_detect_anomaly(mode: bool) -> None:
     >>> import jaxfn
     >>> jaxfn.set_detect_anomaly(False)
     """
-    _GLOBAL[0] = bool(mode)
     _jax_private.set_anomaly(bool(mode))
     _quiet(bool(mode))
 
@@ -87,8 +81,6 @@ def detect_anomaly() -> Iterator[None]:
     ...         print(str(err).split(";")[0])
     jaxfn: 'log': forward returned a non-finite value in its output (-inf at index (1,))
     """
-    previous = getattr(_LOCAL, "on", False)
-    _LOCAL.on = True
     del _RAISED[:]
     _quiet(True)
     try:
@@ -100,8 +92,7 @@ def detect_anomaly() -> Iterator[None]:
             raise
         raise raised from None
     finally:
-        _LOCAL.on = previous
-        _quiet(_GLOBAL[0])
+        _quiet(enabled())  # still on outside only where an outer context or the global switch is
 
 
 def _raised_by(err: Exception) -> BaseException | None:
@@ -180,3 +171,7 @@ def _sentence(role: str, label: str, bad: Any, index: tuple) -> str:
             "inf * 0), or at the grad_output it got"
         )
     return sentence
+
+
+if os.environ.get("JAXFN_DETECT_ANOMALY", "").lower() in ("1", "true", "yes", "on"):
+    set_detect_anomaly(True)

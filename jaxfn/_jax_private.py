@@ -7,7 +7,6 @@ runs on the oldest and the newest JAX the package allows, so a move shows up the
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 from typing import Any
 
@@ -83,34 +82,31 @@ def refused_in_eager_shard_map(err: Exception) -> bool:
     return isinstance(err, NotImplementedError) and "symbolic_zeros support with shard_map" in str(err)
 
 
-try:  # a setting that jax.jit's cache keys on (JAX's own config states; no public way to define one)
-    from jax._src.config import bool_state as _bool_state
+# A setting that jax.jit's cache keys on (one of JAX's own config states; no public way to define one).
+from jax._src.config import bool_state as _bool_state  # noqa: E402
 
-    ANOMALY: Any = _bool_state(
-        "jaxfn_detect_anomaly",
-        False,
-        help="jaxfn: check every jaxfn function's outputs and gradients for NaN/Inf (jaxfn.detect_anomaly)",
-        include_in_jit_key=True,
-        include_in_trace_context=True,
-    )
-except (ImportError, TypeError):  # pragma: no cover - a JAX that moved it: a flag jit does not key on
-    ANOMALY = None
+_ANOMALY: Any = _bool_state(
+    "jaxfn_detect_anomaly",
+    False,
+    help="jaxfn: check every jaxfn function's outputs and gradients for NaN/Inf (jaxfn.detect_anomaly)",
+    include_in_jit_key=True,
+    include_in_trace_context=True,
+)
 
 
 def anomaly_on() -> bool:
-    """Whether jaxfn's anomaly-detection state is on (False where this JAX can't hold it)."""
-    return ANOMALY is not None and bool(ANOMALY.value)
+    """Whether jaxfn's anomaly-detection state is on here (a context, or the whole program)."""
+    return bool(_ANOMALY.value)
 
 
 def anomaly_context(value: bool) -> Any:
     """A context in which the state is ``value`` (jax.jit traces again where it differs)."""
-    return ANOMALY(value) if ANOMALY is not None else contextlib.nullcontext()
+    return _ANOMALY(value)
 
 
 def set_anomaly(value: bool) -> None:
     """Set the state for the whole program."""
-    if ANOMALY is not None:
-        ANOMALY._set(value)
+    _ANOMALY._set(value)
 
 
 try:  # the primitive under jax.ad_checkpoint.checkpoint_name, bound without its wrapper (~40 us a call)

@@ -1,6 +1,10 @@
 """jaxfn.detect_anomaly: the function, output or parameter, first bad index and pass that made a
 NaN/Inf, eagerly and under jit, scan and vmap; off, the compiled program is unchanged."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,3 +169,18 @@ def test_dtypes_scalars_and_empty_arrays(x, what):
         ):
             with jaxfn.detect_anomaly():
                 jax.block_until_ready(call(x))
+
+
+def test_the_environment_switch_turns_it_on_for_the_whole_program():
+    code = (
+        "import jax, jax.numpy as jnp, jaxfn\n"
+        "f = jaxfn.autograd_function(lambda ctx, x: jnp.log(x), lambda ctx, g: g, name='log')\n"
+        "try:\n"
+        "    f(jnp.array([0.0]))\n"
+        "except jaxfn.AutogradFunctionError as err:\n"
+        "    print(str(err).split(';')[0])\n"
+    )
+    env = {**os.environ, "JAXFN_DETECT_ANOMALY": "1", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "jaxfn: 'log': forward returned a non-finite value in its output (-inf at index (0,))"
