@@ -11,7 +11,6 @@ import traceback
 from typing import Any
 
 import jax
-from jax.ad_checkpoint import checkpoint_name as _public_checkpoint_name
 from jax.core import Tracer
 
 try:  # the cheapest test of "no JAX transformation is active"
@@ -107,19 +106,6 @@ def anomaly_context(value: bool) -> Any:
 def set_anomaly(value: bool) -> None:
     """Set the state for the whole program."""
     _ANOMALY._set(value)
-
-
-try:  # the primitive under jax.ad_checkpoint.checkpoint_name, bound without its wrapper (~40 us a call)
-    from jax._src.ad_checkpoint import name_p as _name_p
-except ImportError:  # pragma: no cover - a JAX that moved it: the public function
-    _name_p = None
-
-
-def checkpoint_name(value: Any, name: str) -> Any:
-    """``jax.ad_checkpoint.checkpoint_name(value, name)`` for one array, as that function does it."""
-    if _name_p is None or remat3():
-        return _public_checkpoint_name(value, name)
-    return _name_p.bind(value, name=name)
 
 
 # JAX's own report of what a differentiation keeps (jax.ad_checkpoint.print_saved_residuals prints it)

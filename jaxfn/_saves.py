@@ -47,12 +47,10 @@ def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) ->
     records = getattr(_COLLECTING, "records", None)
     ids = {id(a) for a in inputs}
     for name, save, value in zip(names, remainder.save_names, saved):
-        entry = (function, save, id(value) in ids)
-        if _KNOWN.get(name) != entry:
-            _KNOWN[name] = entry
+        entry = _KNOWN[name] = (function, save, id(value) in ids)
         if records is not None:
             records.setdefault(name, []).append(entry)
-    return [_jax_private.checkpoint_name(value, name) for value, name in zip(saved, names)]
+    return [checkpoint_name(value, name) for value, name in zip(saved, names)]
 
 
 @functools.cache
