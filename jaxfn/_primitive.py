@@ -482,9 +482,10 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, infos: list[Output
             aval = info.avals[len(arrays_out)]
             shape = tuple(jnp.shape(leaf)) if leaf is not None else None
             if dim is not None and shape is not None:
-                dim = dim % len(shape) if len(shape) else dim
-                logical = shape[:dim] + shape[dim + 1 :]
-                ok = shape[dim] == size and logical == tuple(aval.shape)
+                ok = -len(shape) <= dim < len(shape)  # an axis of the output (not wrapped around)
+                if ok:
+                    dim = dim % len(shape)
+                    ok = shape[dim] == size and shape[:dim] + shape[dim + 1 :] == tuple(aval.shape)
             else:
                 ok = shape == tuple(aval.shape)
             if not ok:

@@ -571,6 +571,9 @@ def test_jvp_of_a_tuple_output_needs_a_tuple():
             lambda info, d, x: (x[0] * 2, 0),
             r"'f': vmap's output 0 must be forward's output \(3,\) with a batch axis of size 2",
         ),
+        (lambda info, d, x: (x * 2, 2), r"'f': vmap's output 0 must be .* out_dim \(2\), but it has shape \(2, 3\)"),
+        (lambda info, d, x: (x * 2, -3), r"'f': vmap's output 0 must be .* out_dim \(-3\), but it has shape \(2, 3\)"),
+        (lambda info, d, x: (x[0, 0], 0), r"'f': vmap's output 0 must be .* out_dim \(0\), but it has shape \(\)"),
     ],
 )
 def test_a_wrong_vmap_result_is_named(vmap, message):
