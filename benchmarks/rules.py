@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -24,27 +22,13 @@ from jax import lax
 from jax.experimental import hijax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from bench import hlo_count  # noqa: E402
+from bench import interleaved_wall_and_cpu as interleaved  # noqa: E402
 from seeds import D_IN, D_OUT, LR, H, _my_relu_backward, _my_relu_forward, plain_relu  # noqa: E402
 
 import jaxfn  # noqa: E402
 
 HIJAX = getattr(hijax, "HiPrim", None) or hijax.VJPHiPrimitive  # the class moved in jax 0.12
-
-
-def interleaved(fns: dict, repeats: int) -> dict:
-    """Median (wall, CPU) seconds per call of each fn, the fns taking turns in every repeat."""
-    times: dict = {name: ([], []) for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            times[name][0].append(time.perf_counter() - wall)
-            times[name][1].append(time.process_time() - cpu)
-    return {name: (statistics.median(w), statistics.median(c)) for name, (w, c) in times.items()}
-
-
-def hlo_count(compiled) -> int:
-    return sum(1 for line in compiled.as_text().splitlines() if " = " in line and not line.lstrip().startswith("//"))
 
 
 # -- row 1: forward mode ----------------------------------------------------------------------
