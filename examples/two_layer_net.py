@@ -444,13 +444,11 @@ def _train(args: argparse.Namespace, say) -> dict:
 
 
 def plot(path: str, losses: list[float]) -> None:
-    try:
-        import matplotlib
+    import matplotlib  # --plot checked it is installed before training (png_path)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit(f"{PROG}: error: --plot needs matplotlib: pip install 'jaxfn[examples]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.semilogy(np.arange(1, len(losses) + 1), losses)
     ax.set(xlabel="step", ylabel="loss (sum of squares)", title="two-layer net with jaxfn's my_relu")
