@@ -3,6 +3,7 @@
 Several processes: tests/test_multiprocess.py.
 """
 
+import argparse
 import importlib.util
 import os
 import re
@@ -284,3 +285,10 @@ def test_launcher_notes_failures_in_the_order_they_are_seen(example):
     assert failed == [1]
     procs[0].returncode = -9
     assert example.note_failures(procs, failed) == [1, 0]
+
+
+def test_plot_without_matplotlib_is_refused_before_training(example, monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(argparse.ArgumentTypeError, match=r"needs matplotlib, which is not installed: pip install"):
+        example.png_path(str(tmp_path / "loss.png"))
