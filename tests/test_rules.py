@@ -590,3 +590,14 @@ def test_the_rules_benchmark_runs_and_its_contenders_agree():
     per_step, hlo = rules.forward_mode_row(8, 1, 1)
     assert set(per_step) == set(rules.RELUS) and hlo["jaxfn jvp="] == hlo["hand-written hijax"]
     assert set(rules.host_vmap_row(4, 1, n=8)) == {"host, no vmap rule", "host, vmap rule"}
+
+
+def test_a_jvp_result_in_another_structure_is_named():
+    f = jaxfn.autograd_function(
+        lambda ctx, x: {"a": x, "b": x * 2},
+        lambda ctx, g: g["a"] + 2 * g["b"],
+        jvp=lambda ctx, t: {"a": t, "c": t},
+        name="f",
+    )
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': jvp's tangent for output 0 must have that output's "):
+        jax.jvp(f, (X,), (X,))
