@@ -142,6 +142,8 @@ class Arguments:
         by_leaf = [False] * len(self.kinds)
         for leaf, flag in zip(self.array_positions, perturbed):
             by_leaf[leaf] = bool(flag)
+        if self.varargs is None and not self.has_containers:  # one leaf per parameter
+            return dict(zip(self.names, by_leaf)), tuple(by_leaf)
         by_name = dict.fromkeys(self.names, False)
         leaf = 0
         per_slot = []
@@ -160,7 +162,12 @@ class Arguments:
 
 def shape_dtypes(arrays: Any) -> list[jax.ShapeDtypeStruct]:
     """The shape and dtype of each array leaf, as backward checks them."""
-    return [jax.ShapeDtypeStruct(jnp.shape(a), a.dtype if hasattr(a, "dtype") else jnp.result_type(a)) for a in arrays]
+    return [
+        jax.ShapeDtypeStruct(a.shape, a.dtype)
+        if isinstance(a, jax.Array)
+        else jax.ShapeDtypeStruct(jnp.shape(a), a.dtype if hasattr(a, "dtype") else jnp.result_type(a))
+        for a in arrays
+    ]
 
 
 def context_parameter(function: Any) -> inspect.Parameter | None:
@@ -215,9 +222,17 @@ def split(bound: dict[str, Any], varargs: str | None = None) -> Arguments:
 
 
 def call_forward(
-    forward: Any, signature: inspect.Signature, ctx: Any, names: tuple[str, ...], values: list[Any]
+    forward: Any,
+    signature: inspect.Signature,
+    ctx: Any,
+    names: tuple[str, ...],
+    values: list[Any],
+    positional: bool = False,
 ) -> Any:
-    """Call the user's forward with ``ctx`` and the parameter values, as Python would bind them."""
+    """Call the user's forward with ``ctx`` and the parameter values, as Python would bind them
+    (``positional``: forward's parameters are all plain positional, so they go in order)."""
+    if positional:
+        return forward(ctx, *values)
     ctx_name = next(iter(signature.parameters))
     bound = inspect.BoundArguments(signature, {ctx_name: ctx, **dict(zip(names, values))})  # type: ignore[arg-type]
     return forward(*bound.args, **bound.kwargs)

@@ -112,7 +112,15 @@ def to_cotangents(
         if grad is None or args.kinds[leaf] != DIFF:
             cotangents.append(None)
             continue
-        checked = _check_leaf(function, args.paths[leaf], grad, aval, problems, asarray)
+        if (
+            asarray is jnp.asarray
+            and isinstance(grad, jax.Array)
+            and grad.dtype == aval.dtype
+            and grad.shape == aval.shape
+        ):
+            checked = grad  # the common case: nothing to check further (the input's dtype is a float or complex one)
+        else:
+            checked = _check_leaf(function, args.paths[leaf], grad, aval, problems, asarray)
         cotangents.append(checked if want else None)
     raise_all(problems, function)
     return cotangents

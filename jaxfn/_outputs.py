@@ -62,6 +62,9 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
             "forward returned None, but it must return an array, a tuple/list of arrays or a pytree of arrays "
             "(did it miss a return statement?)",
         )
+    if isinstance(out, jax.Array) and not non_differentiable:  # the common case: one array
+        aval = jax.ShapeDtypeStruct(out.shape, out.dtype)
+        return [out], Outputs(_ONE_LEAF, (None,), (True,), (aval,), (dtype_kind(out.dtype) == DIFF,), False, function)
     with_paths, treedef = tree_flatten_with_path(out)
     leaves = [leaf for _, leaf in with_paths]
     marked = {id(x) for x in non_differentiable}
@@ -93,6 +96,9 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
     return arrays, info
 
 
+_ONE_LEAF = jax.tree_util.tree_structure(0)  # the structure of an output that is one array
+
+
 def _is_array(function: str, path: tuple, leaf: Any) -> bool:
     if isinstance(leaf, jax.Array):
         return True
@@ -114,6 +120,8 @@ def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> lis
 
     ``cotangents`` has one entry per array leaf. Python values in the output get ``None``.
     """
+    if info.treedef is _ONE_LEAF and info.differentiable == (True,) and not isinstance(cotangents[0], SymbolicZero):
+        return [cotangents[0]]  # the common case: one array output, with a gradient
     per_array = [
         ct if differentiable and not isinstance(ct, SymbolicZero) else _no_gradient(aval, materialize)
         for ct, aval, differentiable in zip(cotangents, info.avals, info.differentiable)

@@ -14,6 +14,7 @@ primal is the identity and whose cotangent is zero), which costs a trace of the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         infos.append(info)
         if any(isinstance(a, Tracer) for a in arrays):
             if _jax_private.custom_vjp3():  # JAX's hijax custom_vjp refuses the jvp that the tie needs
-                out = tied(tuple(arrays), tuple(out))
+                out = tied()(tuple(arrays), tuple(out))
             else:
                 out = _tie.tie(primal, tuple(arrays), tuple(out))  # an outer differentiation goes through backward
         return tuple(out), residuals
@@ -82,11 +83,14 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 
     primal.defvjp(fwd, bwd, symbolic_zeros=True)
 
-    @jax.custom_vjp
-    def tied(arrays: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
-        return out  # the tie as a custom_vjp: the same rule over one more input, out, whose cotangent is zero
+    @functools.cache  # made when first needed: only jax_custom_vjp3 needs it
+    def tied() -> Any:
+        @jax.custom_vjp
+        def tied(arrays: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
+            return out  # the tie as a custom_vjp: the same rule over one more input, out, whose cotangent is zero
 
-    tied.defvjp(lambda arrays, out: fwd(*arrays), lambda res, cts: (bwd(res, cts), None), symbolic_zeros=True)
+        tied.defvjp(lambda arrays, out: fwd(*arrays), lambda res, cts: (bwd(res, cts), None), symbolic_zeros=True)
+        return tied
 
     def call(*arrays: Any) -> Any:
         out = primal(*arrays)

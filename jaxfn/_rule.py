@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ class Definition:
     once_differentiable: bool  # backward may not be differentiated again
     jvp: Callable[..., Any] | None = None  # the user's jvp(ctx, *tangents), if any
     vmap: Callable[..., Any] | None = None  # the user's vmap(info, in_dims, *args), if any
+    accepts: set[int] = dataclasses.field(default_factory=set)  # grad_output counts backward's signature takes
 
     @classmethod
     def of(
@@ -108,10 +110,18 @@ class Traces:
     def token(self, entry: Any) -> np.ndarray:
         """Keep ``entry`` for this trace; the residual that finds it again."""
         self._entries.append(entry)
-        return np.zeros((0, len(self._entries) - 1), np.uint8)
+        return _token(len(self._entries) - 1)
 
     def __getitem__(self, token: Any) -> Any:
         return self._entries[token.shape[-1]]
+
+
+@functools.cache
+def _token(index: int) -> np.ndarray:
+    """The zero-size array whose last dimension is ``index`` (read-only, so shared by every trace)."""
+    token = np.zeros((0, index), np.uint8)
+    token.flags.writeable = False
+    return token
 
 
 _PLAIN = threading.local()
@@ -201,7 +211,8 @@ def forward_with_context(
     values = args.values(arrays)
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
     before = jax.tree_util.tree_flatten(tuple(values)) if args.has_containers else None
-    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, values)
+    positional = definition.positional is not None and definition.varargs is None
+    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, values, positional)
     if before is not None:
         _arguments.refuse_writes(definition.name, args.names, values, before)
     return ctx, out, _context.end_forward(ctx)
@@ -312,10 +323,12 @@ def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: C
 
 
 def check_backward_accepts(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> None:
-    if definition.backward_signature is None:
+    """Backward must take ctx and one grad_output per output (a question of their count alone)."""
+    if definition.backward_signature is None or len(grad_outputs) in definition.accepts:
         return
     try:
         definition.backward_signature.bind(ctx, *grad_outputs)
+        definition.accepts.add(len(grad_outputs))
     except TypeError:
         raise error(
             AutogradFunctionTypeError,

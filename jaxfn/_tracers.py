@@ -46,6 +46,8 @@ _OPAQUE = (*_PLAIN, type, types.ModuleType, jax.Array)
 
 def _parts(value: Any) -> list[Any]:
     """The objects ``value`` holds directly."""
+    if type(value) is types.FunctionType:  # the common case (forward, backward): no slots, not a pytree node
+        return _function_parts(value)
     if isinstance(value, (list, tuple, set, frozenset)):
         return list(value)
     if isinstance(value, Mapping):
@@ -64,13 +66,26 @@ def _parts(value: Any) -> list[Any]:
     elif isinstance(value, types.MethodType):
         parts.extend([value.__func__, value.__self__])
     elif isinstance(value, types.FunctionType):
-        filled = [cell for cell in value.__closure__ or () if cell != types.CellType()]  # an empty one can't be read
-        parts.extend(cell.cell_contents for cell in filled)
-        parts.extend([*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()])
+        parts.extend(_function_parts(value))
     children = jax.tree_util.tree_leaves(value, is_leaf=lambda x: x is not value)  # a registered pytree node
     if len(children) != 1 or children[0] is not value:
         parts.extend(children)
     return parts
+
+
+def _function_parts(function: types.FunctionType) -> list[Any]:
+    """What a function holds: its closure's cells, its defaults and its attributes."""
+    parts: list[Any] = [cell.cell_contents for cell in function.__closure__ or () if cell != _EMPTY_CELL]
+    if function.__defaults__:
+        parts.extend(function.__defaults__)
+    if function.__kwdefaults__:
+        parts.extend(function.__kwdefaults__.values())
+    if function.__dict__:
+        parts.extend(function.__dict__.values())
+    return parts
+
+
+_EMPTY_CELL = types.CellType()  # a cell not yet filled, which can't be read
 
 
 def _slot_names(cls: type) -> tuple[str, ...]:
