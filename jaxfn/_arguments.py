@@ -117,7 +117,7 @@ class Arguments:
 
     def structure(self) -> Arguments:
         """The same call without its array values, to keep in closures without holding arrays."""
-        return dataclasses.replace(self, arrays=())
+        return Arguments(self.names, self.treedef, self.kinds, self.statics, (), self.varargs)
 
     @functools.cached_property
     def array_positions(self) -> tuple[int, ...]:

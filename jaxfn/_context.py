@@ -146,6 +146,38 @@ class _State:
     non_differentiable: list[Any] = dataclasses.field(default_factory=list)
     materialize: bool = True
 
+    def without_values(self) -> _State:
+        """A copy without the call's inputs and saved values (the part kept per trace)."""
+        return _State(
+            self.function,
+            self.needs,
+            self.needs_by_position,
+            (),
+            self.in_forward,
+            (),
+            {},
+            (),
+            {},
+            self.non_differentiable,
+            self.materialize,
+        )
+
+    def with_saved(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
+        """A copy for backward, holding these saved values."""
+        return _State(
+            self.function,
+            self.needs,
+            self.needs_by_position,
+            (),
+            False,
+            positional,
+            named,
+            (),
+            {},
+            self.non_differentiable,
+            self.materialize,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Remainder:
@@ -305,7 +337,7 @@ class Context:
         statics = tuple(None if array else leaf for (_, leaf), array in zip(with_paths, is_array))
         save_names = tuple(_save_name(path, names) for (path, _), array in zip(with_paths, is_array) if array)
         remainder = Remainder(
-            dataclasses.replace(state, inputs=(), positional=(), named={}, forward_positional=(), forward_named={}),
+            state.without_values(),
             names,
             treedef,
             is_array,
@@ -322,8 +354,7 @@ class Context:
         positional, named, attrs = jax.tree_util.tree_unflatten(remainder.treedef, leaves)
         named_keys, attr_keys = remainder.names
         ctx = cls.__new__(cls)
-        state = dataclasses.replace(remainder.state, positional=positional, named=dict(zip(named_keys, named)))
-        state.in_forward = False
+        state = remainder.state.with_saved(positional, dict(zip(named_keys, named)))
         object.__setattr__(ctx, "_state", state)
         object.__setattr__(ctx, "_attrs", dict(zip(attr_keys, attrs)))
         return ctx
