@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import inspect
 from typing import Any
 
@@ -70,6 +69,21 @@ def leaf_kind(leaf: Any) -> str:
     return STATIC
 
 
+class _cached:  # noqa: N801 - used as a decorator, like functools.cached_property
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every read): the
+    value, computed on first read, is kept in the instance's ``__dict__``."""
+
+    def __init__(self, compute: Any):
+        self.compute, self.name = compute, compute.__name__
+        self.__doc__ = compute.__doc__
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Arguments:
     """One call's arguments, split into the arrays JAX sees and everything else."""
@@ -82,12 +96,12 @@ class Arguments:
     varargs: str | None = None  # the name of forward's *args parameter, if any
 
     # Derived from the structure alone, and only when needed (not on the eager fast path).
-    @functools.cached_property
+    @_cached
     def owners(self) -> tuple[int, ...]:
         """One per leaf: the position of its parameter."""
         return tuple(i for i, child in enumerate(self.treedef.children()) for _ in range(child.num_leaves))
 
-    @functools.cached_property
+    @_cached
     def paths(self) -> tuple[str, ...]:
         """One per leaf: 'params['w']'-style, for messages. From the call's own values where this
         ``Arguments`` holds them, else from the structure alone (``key_paths``): never by
@@ -99,7 +113,7 @@ class Arguments:
             key_paths_ = key_paths(self.treedef)
         return tuple(self.names[path[0].idx] + keystr(tuple(path[1:])) for path in key_paths_)
 
-    @functools.cached_property
+    @_cached
     def slots(self) -> tuple[tuple[int, int | None], ...]:
         """The arguments as PyTorch counts them: (parameter, None), or (parameter, i) for each
         element of a ``*args`` parameter. A tuple returned by backward has one entry per slot."""
@@ -119,7 +133,7 @@ class Arguments:
         """The same call without its array values, to keep in closures without holding arrays."""
         return Arguments(self.names, self.treedef, self.kinds, self.statics, (), self.varargs)
 
-    @functools.cached_property
+    @_cached
     def array_positions(self) -> tuple[int, ...]:
         """The leaf index of each entry of ``arrays``."""
         return tuple(i for i, kind in enumerate(self.kinds) if kind != STATIC)

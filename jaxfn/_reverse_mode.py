@@ -14,7 +14,6 @@ primal is the identity and whose cotangent is zero), which costs a trace of the 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -83,8 +82,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 
     primal.defvjp(fwd, bwd, symbolic_zeros=True)
 
-    @functools.cache  # made when first needed: only jax_custom_vjp3 needs it
-    def tied() -> Any:
+    def tied() -> Any:  # made when needed: only jax_custom_vjp3 needs it
         @jax.custom_vjp
         def tied(arrays: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
             return out  # the tie as a custom_vjp: the same rule over one more input, out, whose cotangent is zero
