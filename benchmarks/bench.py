@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -71,8 +72,16 @@ def hlo_count(compiled) -> int:
     return sum(1 for line in compiled.as_text().splitlines() if " = " in line and not line.lstrip().startswith("//"))
 
 
+def instructions(compiled) -> list:
+    """The optimized program's instructions as (result type, opcode), in order: two programs with
+    the same list compute the same thing the same way (names and metadata aside)."""
+    return re.findall(r" = (\S+) (\w[\w-]*)\(", compiled.as_text())
+
+
 # -- the rows ----------------------------------------------------------------------------------
 def compiled_step(batch, repeats):
+    """Per contender: (median wall, median process-CPU) seconds per step, the HLO instruction
+    count, and whether the optimized program is custom_vjp's, instruction for instruction."""
     steps = 100 if batch <= 1024 else 20  # keep each measurement near a second
     params, x, y = data(batch)
     loops = {name: make_loop(make(), steps) for name, make in CONTENDERS.items()}
@@ -80,8 +89,10 @@ def compiled_step(batch, repeats):
     fns = {name: (lambda c=c: jax.block_until_ready(c(params, x, y))) for name, c in compiled.items()}
     for fn in fns.values():
         fn()
-    per_step = {name: t / steps for name, t in interleaved(fns, repeats, 1).items()}
-    return per_step, {name: hlo_count(c) for name, c in compiled.items()}
+    per_step = {name: (w / steps, c / steps) for name, (w, c) in interleaved_wall_and_cpu(fns, repeats).items()}
+    reference = instructions(compiled["custom_vjp"])
+    same = {name: instructions(c) == reference for name, c in compiled.items()}
+    return per_step, {name: hlo_count(c) for name, c in compiled.items()}, same
 
 
 def trace_and_compile(repeats):
@@ -231,19 +242,22 @@ def main():
         "## 1. Compiled training step (the tutorial's net, a fori_loop of 100 steps; 20 above batch 1024), per step\n"
     )
     print(
-        "| batch | jaxfn | jaxfn forward_mode | custom_vjp | plain autodiff | jaxfn / custom_vjp "
-        "| forward_mode / custom_vjp | HLO instructions (jaxfn / fwd-mode / custom_vjp / plain) |"
+        "| batch | jaxfn | jaxfn forward_mode | custom_vjp | plain autodiff | jaxfn / custom_vjp (wall, CPU) "
+        "| forward_mode / custom_vjp (wall, CPU) | HLO instructions (jaxfn / fwd-mode / custom_vjp / plain) "
+        "| same optimized program as custom_vjp (jaxfn / fwd-mode / plain) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     results["compiled_step"] = {}
     for batch in batches:
-        t, hlo = compiled_step(batch, repeats)
-        results["compiled_step"][batch] = {"seconds": t, "hlo": hlo}
+        t, hlo, same = compiled_step(batch, repeats)
+        results["compiled_step"][batch] = {"seconds": t, "hlo": hlo, "same_program": same}
+        (jw, jc), (fw, fc), (vw, vc) = t["jaxfn"], t["jaxfn forward_mode"], t["custom_vjp"]
+        yes = {True: "yes", False: "no"}
         print(
-            f"| {batch} | {us(t['jaxfn'])} | {us(t['jaxfn forward_mode'])} | {us(t['custom_vjp'])} | "
-            f"{us(t['plain autodiff'])} | {t['jaxfn'] / t['custom_vjp']:.3f} | "
-            f"{t['jaxfn forward_mode'] / t['custom_vjp']:.3f} | {hlo['jaxfn']} / {hlo['jaxfn forward_mode']} / "
-            f"{hlo['custom_vjp']} / {hlo['plain autodiff']} |",
+            f"| {batch} | {us(jw)} | {us(fw)} | {us(vw)} | {us(t['plain autodiff'][0])} | "
+            f"{jw / vw:.3f}, {jc / vc:.3f} | {fw / vw:.3f}, {fc / vc:.3f} | {hlo['jaxfn']} / "
+            f"{hlo['jaxfn forward_mode']} / {hlo['custom_vjp']} / {hlo['plain autodiff']} | "
+            f"{yes[same['jaxfn']]} / {yes[same['jaxfn forward_mode']]} / {yes[same['plain autodiff']]} |",
             flush=True,
         )
 

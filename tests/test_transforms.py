@@ -131,6 +131,38 @@ def test_a_function_passed_as_an_argument_closing_over_a_differentiated_value_is
         maybe_jit(jax.grad(lambda w: apply(X, Adder(w)).sum()))(2.0)
 
 
+def test_a_differentiated_value_in_a_passed_function_s_defaults_or_attributes_is_refused(maybe_jit):
+    """Besides its closure, a function holds values in its defaults, keyword-only defaults and
+    attributes (functools.wraps' __wrapped__ among them): each is checked."""
+    apply = jaxfn.autograd_function(lambda ctx, x, fn: fn(x), lambda ctx, g: {"x": g}, name="apply")
+
+    def by_default(w):
+        return lambda y, scale=w: y * scale
+
+    def by_keyword_default(w):
+        def fn(y, *, scale=w):
+            return y * scale
+
+        return fn
+
+    def by_wrapped(w):
+        @functools.wraps(lambda y: y * w)
+        def fn(y):
+            return y * 2.0
+
+        return fn
+
+    def by_attribute(w):
+        fn = lambda y: y * 2.0  # noqa: E731
+        fn.scale = w
+        return fn
+
+    for make in (by_default, by_keyword_default, by_wrapped, by_attribute):
+        with pytest.raises(jaxfn.AutogradFunctionError, match=r"'apply': forward or backward \(or a function passed"):
+            maybe_jit(jax.grad(lambda w, make=make: apply(X, make(w)).sum()))(2.0)
+        np.testing.assert_allclose(maybe_jit(jax.grad(lambda x, make=make: apply(x, make(3.0)).sum()))(X), 1.0)
+
+
 def test_methods_of_a_module_holding_the_parameters_it_passes_are_accepted(maybe_jit):
     """forward and backward as bound methods of a pytree module whose differentiated field is also
     passed as an argument (Equinox and Flax style): no value is closed over that is not an argument."""
