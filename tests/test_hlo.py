@@ -39,3 +39,16 @@ def test_the_benchmark_reports_the_same_optimized_program_and_can_tell_programs_
     assert same == {"jaxfn": True, "jaxfn forward_mode": True, "custom_vjp": True, "plain autodiff": False}
     assert all(wall > 0 and cpu > 0 for wall, cpu in per_step.values())
     assert hlo["jaxfn"] == hlo["custom_vjp"] != hlo["plain autodiff"]
+
+
+def test_the_trace_benchmark_contenders_compute_plain_autodiff_s_gradient():
+    """benchmarks/bench.py's row 2b times three ReLUs; each must be the ReLU, gradient included."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    import bench
+
+    x = jnp.linspace(-2.0, 2.0, 8)  # not 0, where plain clip and the rule choose different subgradients
+    want = jax.grad(lambda x: (seeds.plain_relu(x) * 0.5 + x).sum())(x)
+    for name, make in bench.TRACE_CONTENDERS.items():
+        relu = make()
+        got = jax.jit(jax.grad(lambda x, relu=relu: (relu(x) * 0.5 + x).sum()))(x)
+        assert jnp.allclose(got, want), name
