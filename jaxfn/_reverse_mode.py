@@ -14,6 +14,7 @@ primal is the identity and whose cotangent is zero), which costs a trace of the 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,26 @@ def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., A
     return forward, backward
 
 
+# JAX's custom_vjp reads the signature of its three functions (inspect.signature) on every call,
+# to name arguments in its messages. Each function's own signature, read once per ``def`` (its
+# code object; this module's annotations are strings, the same for every closure of a def) and set
+# as ``__signature__``, makes that a look-up.
+_SIGNATURES: dict[Any, inspect.Signature] = {}
+
+
+def _signed(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, with its own signature kept on it (read again where it has defaults, which
+    differ between closures of one def)."""
+    if function.__defaults__ is None and function.__kwdefaults__ is None:  # type: ignore[attr-defined]
+        signature = _SIGNATURES.get(function.__code__)
+        if signature is None:
+            signature = _SIGNATURES[function.__code__] = inspect.signature(function)
+    else:
+        signature = inspect.signature(function)
+    function.__signature__ = signature  # type: ignore[attr-defined]
+    return function
+
+
 def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """``call(*arrays)``: the function's full output, through a ``jax.custom_vjp`` over the arrays.
 
@@ -61,6 +82,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     infos: list[Outputs] = []  # the output's description, from whichever trace ran last
 
     @jax.custom_vjp
+    @_signed
     def primal(*arrays: Any) -> Any:
         out, info = _rule.primal(definition, args, arrays)
         infos.append(info)
@@ -80,7 +102,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
         return tuple(backward(residuals, cotangents)[0])
 
-    primal.defvjp(fwd, bwd, symbolic_zeros=True)
+    primal.defvjp(_signed(fwd), _signed(bwd), symbolic_zeros=True)
 
     def tied() -> Any:  # made when needed: only jax_custom_vjp3 needs it
         @jax.custom_vjp

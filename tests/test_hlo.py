@@ -52,3 +52,30 @@ def test_the_trace_benchmark_contenders_compute_plain_autodiff_s_gradient():
         relu = make()
         got = jax.jit(jax.grad(lambda x, relu=relu: (relu(x) * 0.5 + x).sum()))(x)
         assert jnp.allclose(got, want), name
+
+
+def test_a_signature_kept_on_a_rule_s_function_is_that_function_s_own():
+    """_reverse_mode keeps each custom_vjp function's signature on it (JAX reads it on every call),
+    read once per def: every closure of a def gets that def's signature, and a closure with
+    defaults (which differ between closures) its own."""
+    import inspect
+
+    from jaxfn import _reverse_mode
+
+    def make(scale):
+        def fwd(*primals):
+            return primals, scale
+
+        def with_default(*primals, how=scale):
+            return primals
+
+        return fwd, with_default
+
+    def other(residuals, cotangents):
+        return cotangents
+
+    for function in (*make(1), *make(2), other):
+        want = inspect.signature(function)
+        assert _reverse_mode._signed(function) is function
+        assert inspect.signature(function) == want and function.__signature__ == want
+    assert str(_reverse_mode._signed(make(3)[1]).__signature__) == "(*primals, how=3)"
