@@ -146,24 +146,9 @@ class _State:
     non_differentiable: list[Any] = dataclasses.field(default_factory=list)
     materialize: bool = True
 
-    def without_values(self) -> _State:
-        """A copy without the call's inputs and saved values (the part kept per trace)."""
-        return _State(
-            self.function,
-            self.needs,
-            self.needs_by_position,
-            (),
-            self.in_forward,
-            (),
-            {},
-            (),
-            {},
-            self.non_differentiable,
-            self.materialize,
-        )
-
-    def with_saved(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
-        """A copy for backward, holding these saved values."""
+    def holding(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
+        """A copy past forward, without the call's inputs, holding these saved values: ``()`` and
+        ``{}`` for the part kept per trace, the saved values again for backward or a jvp rule."""
         return _State(
             self.function,
             self.needs,
@@ -337,7 +322,7 @@ class Context:
         statics = tuple(None if array else leaf for (_, leaf), array in zip(with_paths, is_array))
         save_names = tuple(_save_name(path, names) for (path, _), array in zip(with_paths, is_array) if array)
         remainder = Remainder(
-            state.without_values(),
+            state.holding((), {}),
             names,
             treedef,
             is_array,
@@ -354,7 +339,7 @@ class Context:
         positional, named, attrs = jax.tree_util.tree_unflatten(remainder.treedef, leaves)
         named_keys, attr_keys = remainder.names
         ctx = cls.__new__(cls)
-        state = remainder.state.with_saved(positional, dict(zip(named_keys, named)))
+        state = remainder.state.holding(positional, dict(zip(named_keys, named)))
         object.__setattr__(ctx, "_state", state)
         object.__setattr__(ctx, "_attrs", dict(zip(attr_keys, attrs)))
         return ctx
@@ -414,13 +399,7 @@ def for_jvp(ctx: Context) -> Context:
     its saved values, and forward's attributes."""
     state = ctx._state
     view = Context.__new__(Context)
-    object.__setattr__(
-        view,
-        "_state",
-        dataclasses.replace(
-            state, inputs=(), in_forward=False, positional=state.forward_positional, named=dict(state.forward_named)
-        ),
-    )
+    object.__setattr__(view, "_state", state.holding(state.forward_positional, dict(state.forward_named)))
     object.__setattr__(view, "_attrs", dict(ctx._attrs))
     return view
 

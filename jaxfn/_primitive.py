@@ -284,11 +284,21 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         grads, avals = backward(residuals, cotangents)
-        return [
-            (jnp.zeros(a.shape, a.dtype) if g is None else g) if d else None for g, a, d in zip(grads, avals, in_diff)
-        ]
+        return [(_zeros(a) if g is None else g) if d else None for g, a, d in zip(grads, avals, in_diff)]
 
     return fwd, bwd
+
+
+def _of_chosen(function: Callable[..., Any], arrays: Any, which: list[int]) -> Callable[..., Any]:
+    """``function`` as a function of the arrays at positions ``which`` alone, the others fixed."""
+
+    def on(*chosen: Any) -> Any:
+        merged = list(arrays)
+        for i, value in zip(which, chosen):
+            merged[i] = value
+        return function(*merged)
+
+    return on
 
 
 def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -> tuple[Any, Any]:
@@ -298,14 +308,7 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -
 
     def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
         which = [i for i, p in enumerate(perturbed) if p]
-
-        def on(*chosen: Any) -> tuple[Any, ...]:
-            merged = list(arrays)
-            for i, value in zip(which, chosen):
-                merged[i] = value
-            return primal(*merged)
-
-        out, pullback = jax.vjp(on, *[arrays[i] for i in which])
+        out, pullback = jax.vjp(_of_chosen(primal, arrays, which), *[arrays[i] for i in which])
         return out, (pullback, traces.token((perturbed, _arguments.shape_dtypes(arrays))))
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
@@ -313,15 +316,12 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -
         perturbed, avals = traces[token]
         info = infos[-1]
         cts = [
-            (jnp.zeros(a.shape, a.dtype) if isinstance(c, SymbolicZero) else c)
-            if dtype_kind(a.dtype) == DIFF
-            else np.zeros(a.shape, jax.dtypes.float0)
+            c if dtype_kind(a.dtype) == DIFF and not isinstance(c, SymbolicZero) else _zeros(a)
             for c, a in zip(cotangents, info.avals)
         ]
         grads = iter(pullback(tuple(cts)))
         return [
-            next(grads) if p else (jnp.zeros(a.shape, a.dtype) if dtype_kind(a.dtype) == DIFF else None)
-            for p, a in zip(perturbed, avals)
+            next(grads) if p else (_zeros(a) if dtype_kind(a.dtype) == DIFF else None) for p, a in zip(perturbed, avals)
         ]
 
     return fwd, bwd
@@ -433,13 +433,11 @@ def _through_jvp(derived: Callable[..., Any], infos: list[Outputs]) -> Callable[
         which = [i for i, p in enumerate(perturbed) if p]
         info = infos[-1]
 
-        def on(*chosen: Any) -> tuple[Any, ...]:
-            merged = list(primals)
-            for i, value in zip(which, chosen):
-                merged[i] = value
-            leaves = jax.tree_util.tree_flatten(derived(*merged), is_leaf=lambda x: x is None)[0]
+        def arrays_out(*arrays: Any) -> tuple[Any, ...]:
+            leaves = jax.tree_util.tree_flatten(derived(*arrays), is_leaf=lambda x: x is None)[0]
             return tuple(leaf for leaf, is_array in zip(leaves, info.is_array) if is_array)
 
+        on = _of_chosen(arrays_out, primals, which)
         out, out_tangents = jax.jvp(on, tuple(primals[i] for i in which), tuple(tangents[i] for i in which))
         return out, [t for t, d in zip(out_tangents, info.differentiable) if d]
 

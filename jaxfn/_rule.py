@@ -211,7 +211,7 @@ def forward_with_context(
     values = args.values(arrays)
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
     before = jax.tree_util.tree_flatten(tuple(values)) if args.has_containers else None
-    positional = definition.positional is not None and definition.varargs is None
+    positional = definition.positional is not None  # every parameter plain positional (so no *args)
     out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, values, positional)
     if before is not None:
         _arguments.refuse_writes(definition.name, args.names, values, before)

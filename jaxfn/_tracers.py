@@ -46,7 +46,7 @@ _OPAQUE = (*_PLAIN, type, types.ModuleType, jax.Array)
 
 def _parts(value: Any) -> list[Any]:
     """The objects ``value`` holds directly."""
-    if type(value) is types.FunctionType:  # the common case (forward, backward): no slots, not a pytree node
+    if type(value) is types.FunctionType:  # a function (no subclasses exist): no slots, not a pytree node
         return _function_parts(value)
     if isinstance(value, (list, tuple, set, frozenset)):
         return list(value)
@@ -65,8 +65,6 @@ def _parts(value: Any) -> list[Any]:
         parts.extend([value.func, *value.args, *value.keywords.values()])
     elif isinstance(value, types.MethodType):
         parts.extend([value.__func__, value.__self__])
-    elif isinstance(value, types.FunctionType):
-        parts.extend(_function_parts(value))
     children = jax.tree_util.tree_leaves(value, is_leaf=lambda x: x is not value)  # a registered pytree node
     if len(children) != 1 or children[0] is not value:
         parts.extend(children)
