@@ -48,3 +48,12 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 def maybe_jit(request):
     """Run a test both without and under jax.jit."""
     return (lambda f: f) if request.param == "eager" else jax.jit
+
+
+@pytest.fixture
+def plot_png(tmp_path, monkeypatch):
+    """Where a gallery script's ``--plot`` writes its PNG: matplotlib required (else the test is
+    skipped), its cache kept in the test's temporary folder."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
+    return tmp_path / "plot.png"

@@ -160,11 +160,9 @@ def test_linear_cross_entropy_chunk_must_divide():
         lce.linear_cross_entropy(x, w, t, 5, 4)
 
 
-def test_linear_cross_entropy_plot(tmp_path, monkeypatch, capsys):
+def test_linear_cross_entropy_plot(plot_png, capsys):
     """``--plot`` draws temporaries against vocabulary size and prints the plotted numbers."""
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
-    pytest.importorskip("matplotlib")
-    png = tmp_path / "memory.png"
+    png = plot_png
     lce.main([*"--small --memory-only --vocab-chunks 500 1000 --plot-vocabs 2000 4000 --plot".split(), str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
@@ -174,11 +172,9 @@ def test_linear_cross_entropy_plot(tmp_path, monkeypatch, capsys):
 # 2. Implicit differentiation of a fixed point
 
 
-def test_fixed_point_plot(tmp_path, monkeypatch, capsys):
+def test_fixed_point_plot(plot_png, capsys):
     """``--plot`` draws temporaries against iterations: autodiff's grow, jaxfn's stay flat."""
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
-    pytest.importorskip("matplotlib")
-    png = tmp_path / "memory.png"
+    png = plot_png
     deq.main([*"--batch 4 --width 16 --features 4 --plot-iterations 10 100 --plot".split(), str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| 10 |", "| 100 |"))]

@@ -217,10 +217,8 @@ def test_kept_per_block_names_what_jaxfn_saved_reports():
     assert (count, nbytes) == (2, (DEPTH + 1) * x.nbytes)  # each block's input (stacked) and the output
 
 
-def test_the_script_trains_and_plots(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("matplotlib")
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
-    path = tmp_path / "transformer_block.png"
+def test_the_script_trains_and_plots(plot_png, capsys):
+    path = plot_png
     tb.main(["--tokens", "16", "--d-model", "8", "--depths", "2", "--steps", "2", "--plot", str(path)])
     out = capsys.readouterr().out
     assert path.stat().st_size > 0
