@@ -112,15 +112,7 @@ def to_cotangents(
         if grad is None or args.kinds[leaf] != DIFF:
             cotangents.append(None)
             continue
-        if (
-            asarray is jnp.asarray
-            and isinstance(grad, jax.Array)
-            and grad.dtype == aval.dtype
-            and grad.shape == aval.shape
-        ):
-            checked = grad  # the common case: nothing to check further (the input's dtype is a float or complex one)
-        else:
-            checked = _check_leaf(function, args.paths[leaf], grad, aval, problems, asarray)
+        checked = _check_leaf(function, args, leaf, grad, aval, problems, asarray)
         cotangents.append(checked if want else None)
     raise_all(problems, function)
     return cotangents
@@ -220,13 +212,19 @@ def describe(value: Any) -> str:
 
 def _check_leaf(
     function: str,
-    where: str,
+    args: Arguments,
+    leaf: int,
     grad: Any,
     primal: Any,
     problems: list[tuple[type, str]],
     asarray: Callable[[Any], Any] = jnp.asarray,
 ) -> Any:
-    """The gradient of one input leaf, summed to its shape and cast to its dtype; or None."""
+    """The gradient of leaf ``leaf`` of ``args`` (a float or complex input), summed to its shape
+    and cast to its dtype; or None."""
+    same = isinstance(grad, jax.Array) and grad.dtype == primal.dtype and grad.shape == tuple(primal.shape)
+    if same and asarray is jnp.asarray:
+        return grad  # the common case: nothing to convert or check (and the leaf's name is never read)
+    where = args.paths[leaf]
     got = f"backward returned a gradient for '{where}' with"
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
         problems.append(
