@@ -53,9 +53,14 @@ def enabled() -> bool:
 
 
 def set_detect_anomaly(mode: bool) -> None:
-    """Switch anomaly detection on or off for the whole program, as PyTorch's
-    ``torch.autograd.set_detect_anomaly``. (``JAXFN_DETECT_ANOMALY=1`` in the environment
-    switches it on at import.) Programs ``jax.jit`` traced before are traced again.
+    """Switch anomaly detection on or off for the whole program.
+
+    As PyTorch's `torch.autograd.set_detect_anomaly`. (`JAXFN_DETECT_ANOMALY=1` in the
+    environment switches it on at import.) Programs `jax.jit` traced before are traced again.
+
+    Args:
+      mode: `True` to check every jaxfn function's outputs and gradients for NaN and Inf (as
+        inside [`detect_anomaly`][jaxfn.detect_anomaly]), `False` to stop.
 
     >>> import jaxfn
     >>> jaxfn.set_detect_anomaly(False)
@@ -66,10 +71,22 @@ def set_detect_anomaly(mode: bool) -> None:
 
 @contextlib.contextmanager
 def detect_anomaly() -> Iterator[None]:
-    """Inside, every jaxfn function checks forward's outputs and backward's gradients for NaN
-    and Inf, eagerly and under ``jit``/``scan``/``vmap``, and raises ``AutogradFunctionError``
-    naming the function, the output or parameter, the first bad index, and whether forward or
-    backward produced it. Outside, nothing is added to any program.
+    """A context manager: inside, every jaxfn function checks its values for NaN and Inf.
+
+    Forward's outputs and backward's gradients are checked eagerly and under
+    `jit`/`scan`/`vmap`; a bad one raises `AutogradFunctionError` naming the function, the
+    output or parameter, the first bad index, and whether forward or backward produced it, as
+    PyTorch's `torch.autograd.detect_anomaly` names the Function whose backward failed. A
+    grad_output that is already NaN/Inf when it reaches a backward is reported as coming from
+    after that function (from the operations that use its output), not as backward's fault.
+    Outside, nothing is added to any program.
+
+    Under `jit` the check runs inside the compiled program (a `jax.debug.callback`), and JAX
+    reports a failed callback as its own `jax.errors.JaxRuntimeError` (jaxfn's sentence in its
+    text), when the program runs, outside any jaxfn code. The error that leaves this `with`
+    block is jaxfn's own `AutogradFunctionError`: so put the `try`/`except` around the block,
+    not inside it (with `set_detect_anomaly(True)` alone, there is no block, and the error stays
+    JAX's).
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> log = jaxfn.autograd_function(lambda ctx, x: (ctx.save_for_backward(x), jnp.log(x))[1],
@@ -82,7 +99,7 @@ def detect_anomaly() -> Iterator[None]:
     jaxfn: 'log': forward returned a non-finite value in its output (-inf at index (1,))
     """
     del _RAISED[:]
-    _quiet(True)
+    _quiet(True)  # JAX's own log of the failed callback, with internal frames
     try:
         with _jax_private.anomaly_context(True):
             yield
@@ -98,7 +115,7 @@ def detect_anomaly() -> Iterator[None]:
 def _raised_by(err: Exception) -> BaseException | None:
     """The jaxfn error a failed callback raised, if ``err`` is JAX's report of it."""
     for raised in reversed(_RAISED):
-        if str(raised) in str(err):
+        if _jax_private.reports_callback_error(err, raised):
             return raised
     return None
 
@@ -112,10 +129,26 @@ def outputs(name: str, out: Any) -> None:
         check(name, "forward", [(f"output{jax.tree_util.keystr(path)}", leaf) for path, leaf in with_paths])
 
 
+def grad_outputs(name: str, grad_outputs: tuple[Any, ...]) -> None:
+    """Check the grad_outputs backward is about to get: a NaN/Inf there comes from after this
+    function (a ``log(0)`` downstream), so it is reported as that, not as backward's fault."""
+    if len(grad_outputs) == 1:
+        labeled = [("grad_output", grad_outputs[0])]
+    else:
+        labeled = [(f"grad_output {i}", g) for i, g in enumerate(grad_outputs)]
+    with_paths = [
+        (label + jax.tree_util.keystr(path), leaf)
+        for label, g in labeled
+        for path, leaf in jax.tree_util.tree_flatten_with_path(g)[0]
+    ]
+    check(name, "grad_output", with_paths)
+
+
 def check(name: str, role: str, labeled: list[tuple[str, Any]]) -> None:
     """Check each (label, value) for NaN/Inf: at once where concrete, else in the program.
 
-    ``role``: "forward" (a value is an output) or "backward" (a gradient for a parameter).
+    ``role``: "forward" (a value is an output), "backward" (a gradient for a parameter) or
+    "grad_output" (a cotangent arriving at backward).
     """
     for label, value in labeled:
         if value is None or not hasattr(value, "dtype") or not jnp.issubdtype(value.dtype, jnp.inexact):
@@ -159,6 +192,13 @@ def _record(raised: BaseException) -> None:
 def _sentence(role: str, label: str, bad: Any, index: tuple) -> str:
     index = tuple(int(i) for i in index)
     what = "nan" if np.isnan(bad) else str(bad)
+    if role == "grad_output":
+        return (
+            f"{label} was already {what} (at index {index}) when it reached backward, so the non-finite value "
+            "comes from after this function, from the operations that use its output "
+            "(a log or sqrt of 0, a division by 0 there; jnp.where does not stop a NaN gradient from its "
+            "unselected branch); backward is not its source"
+        )
     if role == "forward":
         sentence = (
             f"forward returned a non-finite value in {label} ({what} at index {index}); look at forward's formula "

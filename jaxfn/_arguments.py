@@ -219,11 +219,30 @@ def bind(
     try:
         bound = signature.bind(None, *args, **kwargs)
     except TypeError as err:
-        raise error(AutogradFunctionTypeError, name, f"it was called with the wrong arguments: {err}") from None
+        raise error(AutogradFunctionTypeError, name, _wrong_arguments(signature, args, kwargs, err)) from None
     bound.apply_defaults()
     values = dict(bound.arguments)
     del values[next(iter(signature.parameters))]  # the context
     return values
+
+
+def _wrong_arguments(signature: inspect.Signature, args: tuple, kwargs: dict, err: TypeError) -> str:
+    """What ``bind`` says for a call forward's signature refuses. One positional argument too
+    many, which would fit if forward's first parameter were not the context, is the mark of a
+    forward written without ctx (``def forward(x)``): say that the first parameter is the context."""
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        return f"it was called with the wrong arguments: {err}"
+    first = next(iter(signature.parameters))
+    count = len(args)
+    return (
+        f"it was called with the wrong arguments: {err}: {count} for forward{signature}, which takes "
+        f"{count - 1} after its first parameter {first!r}, and that one is always the context (jaxfn passes ctx "
+        f"first, as R torch and PyTorch do); if forward was written without ctx, make ctx its first parameter "
+        f"(forward(ctx, ...)), or keep it without ctx in PyTorch 2's form and add setup_context(ctx, inputs, "
+        f"output) (autograd_function(..., setup_context=...), or a setup_context static method of a jaxfn.Function)"
+    )
 
 
 def split(bound: dict[str, Any], varargs: str | None = None) -> Arguments:

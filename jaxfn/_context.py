@@ -20,6 +20,7 @@ from . import _tracers
 from ._errors import (
     AutogradFunctionTypeError,
     ContextAttributeError,
+    ContextIndexError,
     ContextKeyError,
     error,
     type_name,
@@ -27,6 +28,7 @@ from ._errors import (
 )
 
 _PLAIN = (int, float, complex, bool, str, bytes, type(None))
+_SAVED = "ctx.saved_variables"
 
 
 class SavedVariables(Mapping):
@@ -34,6 +36,13 @@ class SavedVariables(Mapping):
 
     Read a value as ``saved.name`` (R's ``s$name``) or ``saved["name"]``; ``saved[i]`` is the
     i-th value saved (as R indexes a list), the same as ``ctx.saved_tensors[i]``.
+
+    Iterating over it, and ``len``, follow how forward saved: after a save by name
+    (``save_for_backward(x=x)``), a mapping's names, as R's named list and ``dict`` give; after
+    PyTorch's positional save (``save_for_backward(a, b)``), where there are no names, the values
+    in order, so PyTorch's ``a, b = ctx.saved_variables`` (the old name of ``saved_tensors``)
+    works. ``keys()`` is always the names (none after a positional save), so ``dict(saved)`` is
+    the saves by name either way.
     """
 
     __slots__ = ("_function", "_values", "_in_order")
@@ -45,6 +54,10 @@ class SavedVariables(Mapping):
 
     def __getitem__(self, name: Any) -> Any:
         if isinstance(name, int):
+            if not -len(self._in_order) <= name < len(self._in_order):
+                raise error(
+                    ContextIndexError, self._function, _out_of_range(_SAVED, name, len(self._in_order), "value saved")
+                )
             return self._in_order[name]
         try:
             return self._values[name]
@@ -66,11 +79,14 @@ class SavedVariables(Mapping):
             "ctx.saved_variables is read-only; save values in forward with ctx.save_for_backward(name=value)",
         )
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values if self._values or not self._in_order else self._in_order)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._values if self._values or not self._in_order else self._in_order)
+
+    def keys(self) -> Any:
+        return self._values.keys()
 
     def __repr__(self) -> str:
         return f"SavedVariables({', '.join(self._values)})"
@@ -101,7 +117,12 @@ class NeedsInputGrad(Sequence):
                 return self._flags[key]
             except KeyError:
                 raise error(ContextKeyError, self._function, self._unknown(key)) from None
+        if isinstance(key, int) and not -len(self._by_position) <= key < len(self._by_position):
+            raise error(ContextIndexError, self._function, self._out_of_range(key))
         return self._by_position[key]
+
+    def __iter__(self) -> Iterator[bool]:
+        return iter(self._by_position)
 
     def __getattr__(self, name: str) -> bool:
         if name.startswith("__"):
@@ -128,6 +149,24 @@ class NeedsInputGrad(Sequence):
 
     def _unknown(self, name: str) -> str:
         return unknown_name("ctx.needs_input_grad", name, self._flags)
+
+    def _out_of_range(self, index: int) -> str:
+        count = len(self._by_position)
+        names = ", ".join(map(repr, self._flags)) or "none"
+        return (
+            _out_of_range("ctx.needs_input_grad", index, count, "argument of forward after ctx")
+            + f" (the parameters are {names}; each element of a *args parameter counts as one); or ask by name, "
+            "ctx.needs_input_grad.<name>"
+        )
+
+
+def _out_of_range(what: str, index: int, count: int, per: str) -> str:
+    """The sentence for a position past the end of ``count`` entries, one ``per`` something."""
+    positions = (
+        "it has none" if count == 0 else "the only position is 0" if count == 1 else f"positions are 0 to {count - 1}"
+    )
+    entries = f"{count} entr{'y' if count == 1 else 'ies'}"
+    return f"{what}[{index}] is out of range: it has {entries}, one per {per}, so {positions}"
 
 
 @dataclasses.dataclass(slots=True)
@@ -177,7 +216,15 @@ class Remainder:
 
 
 class Context:
-    """The ``ctx`` handed to forward and backward of one call (see ``jaxfn.autograd_function``).
+    """The `ctx` handed to forward and backward of one call.
+
+    jaxfn makes one per call and trace ([`autograd_function`][jaxfn.autograd_function]); you
+    don't construct it. In forward, save values
+    (`save_for_backward`, `save_for_forward`), set attributes (`ctx.power = 3`: any value, read
+    back in backward) and mark outputs (`mark_non_differentiable`, `set_materialize_grads`); in
+    backward (and a `jvp` rule) read them back, with `needs_input_grad`. The forward-only methods
+    raise `AutogradFunctionError` once forward has returned, and so does setting an attribute
+    whose name is one of the context's own.
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> def forward(ctx, x, power):
@@ -208,33 +255,64 @@ class Context:
 
     # -- forward-only methods --------------------------------------------------------------
     def save_for_backward(self, *values: Any, **named: Any) -> None:
-        """Save values for backward: by name (R) as ``saved_variables``, or by position
-        (PyTorch) as ``saved_tensors``. A later call replaces what an earlier one saved."""
+        """Save values for backward: by name (R) as `saved_variables`, or by position
+        (PyTorch) as `saved_tensors`. A later call replaces what an earlier one saved.
+
+        Values may be arrays, pytrees, Python values or `None`: JAX arrays cross to backward as
+        residuals (each named `"<function>.<save>"` for `jax.checkpoint` policies), everything
+        else as it is. Forward only.
+
+        Args:
+          *values: values saved by position, read back as `ctx.saved_tensors`.
+          **named: values saved by name, read back as `ctx.saved_variables.name`.
+        """
         self._forward_only("save_for_backward")
         self._state.positional = values
         self._state.named = named
 
     def save_for_forward(self, *values: Any, **named: Any) -> None:
-        """Save values for a ``jvp`` rule (PyTorch's ``ctx.save_for_forward``): jvp reads them as
-        ``ctx.saved_tensors`` (by position) and ``ctx.saved_variables`` (by name). A later call
-        replaces what an earlier one saved."""
+        """Save values for a `jvp` rule (PyTorch's `ctx.save_for_forward`): jvp reads them as
+        `ctx.saved_tensors` (by position) and `ctx.saved_variables` (by name). A later call
+        replaces what an earlier one saved. Forward only.
+
+        Args:
+          *values: values saved by position, read in jvp as `ctx.saved_tensors`.
+          **named: values saved by name, read in jvp as `ctx.saved_variables.name`.
+        """
         self._forward_only("save_for_forward")
         self._state.forward_positional = values
         self._state.forward_named = named
 
     def mark_non_differentiable(self, *outputs: Any) -> None:
-        """Declare outputs (the very values forward returns) that carry no gradient."""
+        """Declare outputs (the very values forward returns) that carry no gradient.
+
+        Their `grad_output` reaches backward as zeros (`None` with `set_materialize_grads(False)`),
+        and `jaxfn.gradcheck` leaves them out. Forward only.
+
+        Args:
+          *outputs: output arrays, the very objects forward returns.
+        """
         self._forward_only("mark_non_differentiable")
         self._state.non_differentiable.extend(outputs)
 
     def set_materialize_grads(self, value: bool) -> None:
-        """With ``False``, cotangents that carry no gradient reach backward as ``None``."""
+        """With `False`, cotangents that carry no gradient reach backward as `None`.
+
+        Forward only; a `jvp` rule then gets `None` for the tangents JAX does not give.
+
+        Args:
+          value: `True` (the default): zeros; `False`: `None`.
+        """
         self._forward_only("set_materialize_grads")
         self._state.materialize = bool(value)
 
     def mark_dirty(self, *inputs: Any) -> None:
         """Accepted for ported code: JAX arrays are immutable, so an "in-place" forward returns
-        the updated array. Checks that each argument is one of this call's array inputs."""
+        the updated array. Checks that each argument is one of this call's array inputs.
+
+        Args:
+          *inputs: array inputs of this call, the very objects forward received.
+        """
         self._forward_only("mark_dirty")
         ids = {id(x) for x in self._state.inputs}
         for position, value in enumerate(inputs):
@@ -249,7 +327,12 @@ class Context:
     # -- read in backward ------------------------------------------------------------------
     @property
     def saved_variables(self) -> SavedVariables:
-        """The values saved by name, as a read-only mapping with attribute access."""
+        """The values saved by name, as a read-only mapping with attribute access.
+
+        `saved.name` (R's `s$name`) or `saved["name"]`; `saved[i]` is the i-th value saved (as R
+        indexes a list), the same as `ctx.saved_tensors[i]`; `keys()`, `in`, `len` and iteration
+        as for a dict. An unknown name raises `AutogradFunctionError` listing the saved names.
+        """
         return SavedVariables(self._state.function, self._state.named, self.saved_tensors)
 
     @property
@@ -259,12 +342,18 @@ class Context:
 
     @property
     def needs_input_grad(self) -> NeedsInputGrad:
-        """Per parameter, whether JAX differentiates with respect to it in this trace."""
+        """Per parameter, whether JAX differentiates with respect to it in this trace.
+
+        Read by name as an attribute (R: `ctx.needs_input_grad.input`) or key
+        (`ctx.needs_input_grad["input"]`), or by position (PyTorch: `ctx.needs_input_grad[0]`,
+        `a, b = ctx.needs_input_grad`; one entry per argument, each `*args` element apart).
+        `"input" in ctx.needs_input_grad` asks for a name. Read-only.
+        """
         return NeedsInputGrad(self._state.function, self._state.needs, self._state.needs_by_position)
 
     @property
     def materialize_grads(self) -> bool:
-        """Whether cotangents that carry no gradient reach backward as zeros (else ``None``)."""
+        """Whether cotangents that carry no gradient reach backward as zeros (else `None`)."""
         return self._state.materialize
 
     # -- user attributes -------------------------------------------------------------------

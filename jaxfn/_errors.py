@@ -5,20 +5,24 @@ Every message is made by :func:`error` (or :func:`raise_all`, which collects sev
     jaxfn: '<function>': <who> <did what>, but <what happened>; <the fix>.
 
 so a user always sees which function, which parameter or output, expected versus got, and
-what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck:`` instead.
+what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck: '<function>':`` instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import jax
+
 
 class AutogradFunctionError(Exception):
     """A misuse of a jaxfn function: a bad definition, argument, output or gradient.
 
-    Raised as :class:`AutogradFunctionTypeError` (also a ``TypeError``) for wrong kinds and
-    structures, and as :class:`AutogradFunctionValueError` (also a ``ValueError``) for wrong
-    shapes and values, so ``except TypeError`` keeps working where Python would raise one.
+    Raised as a subclass that is also a `TypeError` for wrong kinds and structures, and as one
+    that is also a `ValueError` for wrong shapes and values, so `except TypeError` keeps working
+    where Python would raise one; an unknown name read from `ctx` is also an `AttributeError`
+    (`ctx.name`) or a `KeyError` (`ctx.saved_variables["name"]`), so `hasattr` and `in` work.
+    Every message reads `jaxfn: '<function>': <who> <did what>, but <what happened>; <the fix>.`
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> f = jaxfn.autograd_function(lambda ctx, x: x.sum(), lambda ctx, g: jnp.ones(3), name="f")
@@ -49,8 +53,16 @@ class ContextKeyError(AutogradFunctionError, KeyError):
         return str(self.args[0])
 
 
+class ContextIndexError(AutogradFunctionError, IndexError):
+    """A position past the end of the context's per-parameter flags or saved values; also an
+    ``IndexError``, so sequence protocols behave."""
+
+
 class GradcheckError(AutogradFunctionError, AssertionError):
-    """``jaxfn.gradcheck`` found a gradient that disagrees with finite differences.
+    """`jaxfn.gradcheck` found a gradient that disagrees with finite differences (or nothing to check).
+
+    Also an `AssertionError`, as a failed check in a test. `gradcheck(..., raise_exception=False)`
+    returns `False` instead of raising it.
 
     >>> import jax.numpy as jnp, jaxfn
     >>> wrong = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 3, name="wrong")
@@ -58,18 +70,24 @@ class GradcheckError(AutogradFunctionError, AssertionError):
     ...     jaxfn.gradcheck(wrong, jnp.ones(2))
     ... except jaxfn.GradcheckError as err:
     ...     print(str(err).split(';')[0])
-    jaxfn.gradcheck: the gradient for 'x' disagrees with finite differences
+    jaxfn.gradcheck: 'wrong': the gradient for 'x' disagrees with finite differences
     """
 
 
 GRADCHECK = "jaxfn.gradcheck"
 
 
+def gradcheck_of(function: str) -> str:
+    """What gradcheck's messages about ``function`` open with: ``jaxfn.gradcheck: '<function>': ``."""
+    return f"{GRADCHECK}: '{function}'"
+
+
 def error(kind: type[AutogradFunctionError], function: str, sentence: str) -> AutogradFunctionError:
     """The exception for one problem of the function ``function``: ``jaxfn: '<function>': <sentence>``.
 
-    ``function`` is the name of the jaxfn function, or :data:`GRADCHECK` for gradcheck's own
-    messages. The sentence ends with a full stop, added if it lacks one.
+    ``function`` is the name of the jaxfn function, or :data:`GRADCHECK` (or
+    :func:`gradcheck_of` a function) for gradcheck's own messages. The sentence ends with a
+    full stop, added if it lacks one.
     """
     return kind(_opening(function) + _sentence(sentence))
 
@@ -90,7 +108,9 @@ def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]],
 
 
 def _opening(function: str) -> str:
-    return f"{GRADCHECK}: " if function == GRADCHECK else f"jaxfn: '{function}': "
+    if function == GRADCHECK or function.startswith(f"{GRADCHECK}: '"):  # gradcheck's own, or gradcheck_of
+        return f"{function}: "
+    return f"jaxfn: '{function}': "
 
 
 def _sentence(text: str) -> str:
@@ -112,3 +132,47 @@ def unknown_name(what: str, name: object, known: Iterable[str]) -> str:
     known = sorted(str(k) for k in known)
     listed = ", ".join(repr(k) for k in known) if known else "none"
     return f"{what} has no {name!r}; the names it has are: {listed}."
+
+
+# A tracer error raised inside the user's forward or backward (a Python if on an array's value,
+# float(x), NumPy on a traced array) under jax.jit: what it means, in jaxfn's words.
+TRACER_ERRORS = (
+    jax.errors.ConcretizationTypeError,  # float(x), x.item(), a traced value as a shape (and its subclass below)
+    jax.errors.TracerBoolConversionError,  # if x > 0:, while, and/or, assert on an array
+    jax.errors.TracerIntegerConversionError,  # int(x), operator.index(x), a list indexed by an array
+    jax.errors.TracerArrayConversionError,  # np.asarray(x), a NumPy function, x.tolist()
+)
+
+_WHY = (
+    "under jax.jit (and jax.vmap, lax.scan, jax.checkpoint) {role} runs on tracers, abstract arrays whose values "
+    "are known only when the compiled program runs"
+)
+_WHAT = {
+    jax.errors.TracerBoolConversionError: "used the value of an array as a Python bool (an if, while, and/or or "
+    "assert on an array)",
+    jax.errors.TracerIntegerConversionError: "used the value of an array as a Python int (int(), or an array as "
+    "an index into a list or tuple)",
+    jax.errors.TracerArrayConversionError: "handed an array to NumPy (np.asarray, a NumPy function, .tolist())",
+    jax.errors.ConcretizationTypeError: "read the concrete value of an array (float(), .item(), or an array "
+    "value used as a shape, a size or a static argument)",
+}
+_FIX = {
+    jax.errors.TracerArrayConversionError: "use jax.numpy instead of NumPy, or make it host code with "
+    "host=True (autograd_function(..., host=True), or host = True on a jaxfn.Function), which runs NumPy "
+    "forward and backward through jax.pure_callback",
+}
+_DEFAULT_FIX = (
+    "keep values as arrays: branch with jnp.where(condition, a, b) or jax.lax.cond, convert with x.astype(...), "
+    "and branch in Python only on static arguments (Python numbers, strings) and shapes; for NumPy code, use "
+    "host=True"
+)
+
+
+def tracer_error_help(role: str, err: BaseException) -> str | None:
+    """jaxfn's sentence for a tracer error raised in the user's ``role`` ('forward',
+    'backward'...); None for any other exception."""
+    kind = next((k for k in type(err).__mro__ if k in _WHAT), None)
+    if kind is None:
+        return None
+    why = _WHY.format(role=role)
+    return f"{role} {_WHAT[kind]}, but {why}; {_FIX.get(kind, _DEFAULT_FIX)}"

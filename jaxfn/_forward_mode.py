@@ -32,12 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Jaxpr, Var, jaxpr_as_fun
 
-from . import _arguments, _jax_private, _rule
+from . import _arguments, _jax_private, _linear, _rule, _saves
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
-from ._errors import AutogradFunctionTypeError, error
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 from ._outputs import Outputs
 
 # What JAX raises when a function needs concrete values of a traced array.
@@ -72,14 +72,36 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         infos.append(info)
         wanted = [i for i, flag in enumerate(perturbed) if flag]
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
-        pullback = _pullback(definition, args, ctx, info, primals, perturbed, wanted, outs)
-        examples = [_rule.zeros_like(out[i]) for i in outs]
-        with _rule.plain_forward():
-            transpose = _linear_transpose(definition.name, pullback, examples)
-            out_tangents = _transposed(definition.name, transpose, [tangents[i] for i in wanted])
-            _check_offset(definition.name, pullback, examples, [args.paths[args.array_positions[i]] for i in wanted])
-        if any(isinstance(p, Tracer) for p in primals):
-            out = primal(*primals)  # an outer trace differentiates the output through this rule too
+        saved, remainder = ctx.to_residuals()
+        if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
+            out, saved = _rule.outputs_again(lambda _: primal(*primals), out, saved)
+        saved = _saves.named(definition.name, saved, remainder, primals)
+        avals = _arguments.shape_dtypes(primals)
+        names = [args.paths[args.array_positions[i]] for i in wanted]
+
+        def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
+            """The user's backward: the transpose of the tangent map (JAX's reverse mode)."""
+            per_output: list[Any] = [SymbolicZero(None)] * len(info.avals)  # type: ignore[arg-type]
+            for i, ct in zip(outs, cotangents):
+                if ct is not None:
+                    per_output[i] = ct
+            backward_ctx = Context.from_residuals(list(residuals), remainder)
+            cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed)
+            return [cts[i] for i in wanted]
+
+        def forward(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
+            """The tangent map: backward transposed, gated (its checks run where tangents are made)."""
+            pullback = _pullback(backward, primals, wanted)
+            examples = [_rule.zeros_like(out[i]) for i in outs]
+            with _rule.plain_forward(), _jax_private.anomaly_context(False):
+                transpose = _linear_transpose(definition.name, lambda *c: pullback(residuals, c), examples)
+                out_tangents = _transposed(definition.name, transpose, list(given))
+                _check_offset(definition.name, lambda *c: pullback(residuals, c), examples, names)
+            return list(out_tangents)
+
+        out_tangents = _linear.tangents(
+            definition.name, forward, backward, tuple(saved), tuple(tangents[i] for i in wanted), [out[i] for i in outs]
+        )
         return tuple(out), tuple(_all_tangents(info, outs, out_tangents))
 
     primal.defjvp(jvp, symbolic_zeros=True)
@@ -94,16 +116,24 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 def _linear_transpose(name: str, pullback: Callable[..., Any], examples: list[Any]) -> Callable[..., Any]:
     try:
         return jax.linear_transpose(pullback, *examples)
-    except _NEEDS_VALUES as err:
-        what = f"it needs the concrete value of grad_output ({type(err).__name__}), which a linear function never does"
-        raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what)) from None
     except Exception as err:  # noqa: BLE001 - any failure to transpose is reported in jaxfn's words
+        cause = err.__cause__ if isinstance(err, AutogradFunctionError) else err  # backward's own, named
+        if isinstance(err, AutogradFunctionError) and not isinstance(cause, _NEEDS_VALUES):
+            raise  # a jaxfn function that backward calls said what is wrong, naming itself
+        if isinstance(cause, _NEEDS_VALUES):
+            what = (
+                f"it needs the concrete value of grad_output ({type(cause).__name__}), which a linear function "
+                "never does"
+            )
+            raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what)) from None
         raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=_failure(err))) from err
 
 
 def _transposed(name: str, transpose: Callable[..., Any], tangents: list[Any]) -> Any:
     try:
         return transpose(tangents)
+    except AutogradFunctionError:
+        raise
     except Exception as err:  # noqa: BLE001 - JAX transposes here: a non-linear operation fails now
         raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=_failure(err))) from err
 
@@ -129,33 +159,76 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
     if not all(_holds_zero(e.dtype) for e in examples):
         return  # float8_e8m0fnu has no zero: there is no zero cotangent to try (the README says so)
     closed = jax.make_jaxpr(pullback)(*examples)
+    cast = _cast_of_grad_output(closed.jaxpr, set(closed.jaxpr.invars))
+    if cast is not None:
+        what = (
+            f"it casts a value computed from grad_output to {cast} (an integer or boolean), which JAX transposes "
+            "to zero, so the forward-mode derivative would silently lose that term"
+        )
+        raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
     arrays = [isinstance(c, jax.Array) for c in closed.consts]
     zeros = [np.zeros(np.shape(e), e.dtype) for e in examples]
     real = None if any(isinstance(c, Tracer) for c in closed.consts) else list(closed.consts)
+    probes = ("normal", "negated", "ones") if not _jax_private.calls_back(closed.jaxpr) else ()  # user callbacks
+    if real is None and not probes:  # see only real values
+        return
 
     x64 = _jax_private.x64()  # a setting of this thread (jax.enable_x64 as a context), carried over
 
-    def offsets() -> list[tuple[list[np.ndarray], bool]]:  # in a thread of its own: no outer trace there
+    def offsets() -> list[list[np.ndarray]]:  # in a thread of its own: no outer trace there
         with jax.enable_x64(x64):
-            return _offsets()
-
-    def _offsets() -> list[tuple[list[np.ndarray], bool]]:
-        candidates = [(_probe(closed.consts, arrays, kind), False) for kind in ("normal", "negated", "ones")]
-        if real is not None:
-            candidates.insert(0, (real, True))  # the real values: a NaN offset counts too
-        run = [jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*zeros) for consts, _ in candidates]
-        return [([np.asarray(o) for o in out], is_real) for out, (_, is_real) in zip(run, candidates)]
+            candidates = [_probe(closed.consts, arrays, kind) for kind in probes]
+            candidates = ([real] if real is not None else []) + candidates
+            run = [jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*zeros) for consts in candidates]
+            return [[np.asarray(o) for o in out] for out in run]
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         evaluated = pool.submit(offsets).result()
-    for values, is_real in evaluated:
+    for values in evaluated:
         for where, value in zip(names, values):
-            if np.any((value != 0) & (True if is_real else np.isfinite(value))):
+            if np.any((value != 0) & np.isfinite(value)):  # 0 * inf (an infinite derivative) is no constant term
                 what = (
                     f"its gradient for '{where}' is not zero when grad_output is zero (it has a constant term, "
                     "as in g + c, or does not depend on grad_output)"
                 )
                 raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
+
+
+def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
+    """The integer or boolean dtype a value computed from ``linear`` variables is turned into in
+    ``jaxpr`` (and in the jaxprs it calls with its own inputs, as a jit does), or None: JAX
+    transposes such a cast to zero without calling it non-linear. A cast inside a loop's or a
+    cond's body is seen where its result leaves the body as an integer only."""
+    for eqn in jaxpr.eqns:
+        inputs = [isinstance(v, Var) and v in linear for v in eqn.invars]
+        if not any(inputs):
+            continue
+        subs = _jaxprs(eqn.params)
+        for out in eqn.outvars:
+            dtype = out.aval.dtype
+            if jnp.issubdtype(dtype, jnp.inexact):
+                linear.add(out)
+            elif not subs and dtype != jax.dtypes.float0:  # an operation (not a loop's counter) made it
+                return dtype
+        for sub in subs:
+            if len(sub.invars) != len(inputs):  # not a call of its inputs as they are (a cond, a loop)
+                continue
+            found = _cast_of_grad_output(sub, {v for v, flag in zip(sub.invars, inputs) if flag})
+            if found is not None:
+                return found
+    return None
+
+
+def _jaxprs(params: dict[str, Any]) -> list[Any]:
+    """The jaxprs an equation holds (a jit's, a cond's branches, a scan's body)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, ClosedJaxpr):
+                found.append(item.jaxpr)
+            elif isinstance(item, Jaxpr):
+                found.append(item)
+    return found
 
 
 def _holds_zero(dtype: Any) -> bool:
@@ -184,18 +257,13 @@ def _stand_in(rng: np.random.Generator, const: Any, kind: str) -> Any:
     return jnp.asarray({"normal": normal, "negated": -normal, "ones": np.ones(shape)}[kind], dtype)
 
 
-def _pullback(definition, args, ctx, info, primals, perturbed, wanted, outs) -> Callable[..., list[Any]]:
-    """Backward as a function of the differentiable outputs' cotangents only."""
-    saved, remainder = ctx.to_residuals()
-    avals = _arguments.shape_dtypes(primals)
+def _pullback(backward: Callable[..., list[Any]], primals: Any, wanted: list[int]) -> Callable[..., list[Any]]:
+    """Backward on (residuals, the differentiable outputs' cotangents), with zeros (not None) for
+    the inputs it gives no gradient."""
 
-    def pullback(*cotangents: Any) -> list[Any]:
-        per_output: list[Any] = [SymbolicZero(None)] * len(info.avals)  # type: ignore[arg-type]
-        for i, ct in zip(outs, cotangents):
-            per_output[i] = ct
-        backward_ctx = Context.from_residuals(saved, remainder)
-        cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed)
-        return [_rule.zeros_like(primals[i]) if cts[i] is None else cts[i] for i in wanted]
+    def pullback(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
+        cts = backward(residuals, cotangents)
+        return [_rule.zeros_like(primals[i]) if ct is None else ct for i, ct in zip(wanted, cts)]
 
     return pullback
 

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from . import (
+    _anomaly,
     _arguments,
     _eager,
     _forward_mode,
@@ -20,15 +21,27 @@ from . import (
     _rule,
     _traced,
 )
-from ._errors import AutogradFunctionTypeError, error
+from ._errors import TRACER_ERRORS, AutogradFunctionTypeError, error, tracer_error_help
 
 
 class AutogradFunction:
-    """A differentiable function made of a ``forward`` and a ``backward`` (see ``autograd_function``).
+    """A differentiable function made of a `forward` and a `backward`.
 
-    A call binds its arguments, then runs forward op by op (outside any trace; compiled with
-    ``jit=True``) or through the builder of its mode: ``jax.custom_vjp`` (``_reverse_mode``), or
-    ``jax.custom_jvp`` by transposing backward (``_forward_mode``).
+    What [`autograd_function`][jaxfn.autograd_function] returns (its parameters are this
+    class's), and what a [`Function`][jaxfn.Function] subclass's `apply` calls. Call it as
+    forward is called, without `ctx`: arguments, keywords and defaults are bound as Python binds
+    them. Outside any JAX transformation the call runs forward op by op (compiled once per call
+    signature with `jit=True`); under `jax.jit`, `jax.grad`, `jax.vmap` and the others it is one
+    custom rule: a `jax.custom_vjp`, a `jax.custom_jvp` that transposes backward
+    (`forward_mode=True`), or a JAX primitive that carries a `jvp` or `vmap` rule too. It
+    pickles by its forward, backward and options.
+
+    Attributes:
+      name (str): what error messages call the function, and the first part of its saves' names.
+      forward (Callable[..., Any]): the forward it was made with.
+      backward (Callable[..., Any]): the backward it was made with.
+      forward_mode (bool): whether forward mode is derived from backward (`forward_mode=True`).
+      jit (bool): whether eager calls are compiled (`jit=True`).
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> double = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="double")
@@ -63,6 +76,15 @@ class AutogradFunction:
             jit=jit,
             jvp=jvp,
             vmap=vmap,
+        )
+        forward, backward, setup_context, jvp = (
+            _user_function(self.name, role, function)
+            for role, function in (
+                ("forward", forward),
+                ("backward", backward),
+                ("setup_context", setup_context),
+                ("jvp", jvp),
+            )
         )
         self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
@@ -106,7 +128,8 @@ class AutogradFunction:
     def _traced(self, arguments: _arguments.Arguments) -> Any:
         """The call under a JAX transformation, through this mode's builder."""
         user = (self.forward, self.backward, self._options["jvp"], self._options["vmap"])
-        return _traced.call(self._build, self._definition, arguments, user)
+        forward_mode = self.forward_mode or self._definition.jvp is not None
+        return _traced.call(self._build, self._definition, arguments, user, forward_mode, self._host is not None)
 
     def _build(self, definition: _rule.Definition, args: _arguments.Arguments) -> Any:
         """This mode's custom rule for one call structure: ``call(*arrays)``."""
@@ -134,10 +157,47 @@ class AutogradFunction:
         return infos[-1]
 
     def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
-        """For a call, whether each output leaf carries a gradient (``None`` for Python values)."""
+        """For a call, whether each output leaf carries a gradient (`None` for Python values).
+
+        Read from an abstract run of forward (`jax.eval_shape`): nothing is computed. Outputs
+        marked with `ctx.mark_non_differentiable` and integer outputs carry none.
+
+        Args:
+          *args: the call's positional arguments, as the function takes them.
+          **kwargs: the call's keyword arguments.
+
+        Returns:
+          Forward's output structure with a bool (or `None`) in place of each leaf.
+        """
         info = self.outputs(*args, **kwargs)
         flags = iter(info.differentiable)
         return info.rebuild([next(flags) for _ in info.avals])
+
+
+def _user_function(name: str, role: str, function: Any) -> Any:
+    """The user's ``function`` (forward, backward...), as jaxfn calls it.
+
+    A tracer error (a Python ``if`` on an array's value, ``float(x)``, NumPy on a traced array)
+    raised inside it under a JAX trace, where JAX's own message names jaxfn's internals, becomes
+    jaxfn's error naming the function and ``role``, chained ``from`` JAX's error. Outside any
+    trace (an eager call) every exception passes through unchanged. With anomaly detection on, a
+    backward's grad_outputs are checked before it runs.
+    """
+    if not callable(function):
+        return function  # None, or refused by Definition.of with its own message
+
+    @functools.wraps(function)
+    def user_function(*args: Any, **kwargs: Any) -> Any:
+        if role == "backward" and _anomaly.enabled():  # a NaN arriving from downstream is not backward's
+            _anomaly.grad_outputs(name, args[1:])
+        try:
+            return function(*args, **kwargs)
+        except TRACER_ERRORS as err:
+            if _jax_private.outside_traces(()):  # an eager call: the user's exception, unchanged
+                raise
+            raise error(AutogradFunctionTypeError, name, tracer_error_help(role, err) or str(err)) from err
+
+    return user_function
 
 
 def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, setup_context, host, jit) -> None:
@@ -189,56 +249,88 @@ def autograd_function(
     jvp: Callable[..., Any] | None = None,
     vmap: Callable[..., Any] | None = None,
 ) -> AutogradFunction:
-    """Make a differentiable JAX function from a ``forward`` and a ``backward``, as R torch does.
+    """Make a differentiable JAX function from a `forward` and a `backward`, as R torch does.
 
-    Usage template::
+    Usage template:
 
-        def forward(ctx, input, weight, bias=None):   # ctx first, then any parameters
-            ctx.save_for_backward(input=input, weight=weight, bias=bias)  # or (*values) -> saved_tensors
-            ctx.scale = 2                              # attributes reach backward too
-            ctx.mark_non_differentiable(...)           # outputs that carry no gradient
-            ctx.set_materialize_grads(False)           # unused outputs' grads arrive as None
-            return input @ weight.T                    # array, tuple/list or pytree of arrays
+    ```python
+    def forward(ctx, input, weight, bias=None):  # ctx first, then any parameters
+        # by name (saved_variables), or by position: (*values) -> saved_tensors
+        ctx.save_for_backward(input=input, weight=weight, bias=bias)
+        ctx.scale = 2                      # attributes reach backward too
+        ctx.mark_non_differentiable(...)   # outputs that carry no gradient
+        ctx.set_materialize_grads(False)   # unused outputs' grads arrive as None
+        return input @ weight.T            # array, tuple/list or pytree of arrays
 
-        def backward(ctx, grad_output):                # one grad_output per tuple/list output
-            s = ctx.saved_variables                    # s.input, s["weight"]
-            if ctx.needs_input_grad.input:             # or ["input"], or [0]
-                ...
-            return {"input": ..., "weight": ...}       # or a tuple per parameter, a bare array, None
+    def backward(ctx, grad_output):        # one grad_output per tuple/list output
+        s = ctx.saved_variables            # s.input, s["weight"]
+        if ctx.needs_input_grad.input:     # or ["input"], or [0]
+            ...
+        # or a tuple per parameter, a bare array, None
+        return {"input": ..., "weight": ...}
 
-        linear = jaxfn.autograd_function(forward, backward)
+    linear = jaxfn.autograd_function(forward, backward)
+    ```
 
-    Differences from R torch / PyTorch / ``jax.custom_vjp``:
+    Differences from R torch / PyTorch / `jax.custom_vjp`:
 
     * pytree arguments are looked inside; float/complex array leaves are differentiable, integer
-      arrays pass through, everything else is static (a plain Python value, also under ``jit``);
-    * JAX arrays are immutable: ``ctx.mark_dirty`` only checks its arguments;
+      arrays pass through, everything else is static (a plain Python value, also under `jit`);
+    * JAX arrays are immutable: `ctx.mark_dirty` only checks its arguments;
     * complex gradients follow JAX's convention (no conjugate in backward's formula);
-    * no residual tuples, ``nondiff_argnums`` or symbolic zeros to handle by hand: ``ctx`` does it,
-      and ``needs_input_grad`` is exact;
-    * ``forward_mode=True`` derives ``jax.jvp``/``jax.jacfwd`` from the same backward.
+    * no residual tuples, `nondiff_argnums` or symbolic zeros to handle by hand: `ctx` does it,
+      and `needs_input_grad` is exact;
+    * `forward_mode=True` derives `jax.jvp`/`jax.jacfwd` from the same backward; or give a
+      `jvp` rule of your own, and a `vmap` rule for `jax.vmap`, as PyTorch's
+      `autograd.Function` takes them.
 
     Args:
-      forward: ``forward(ctx, *args, **kwargs)``, returning the output.
-      backward: ``backward(ctx, *grad_outputs)``, returning the gradients.
-      name: what error messages call the function (default ``forward.__name__``).
-      forward_mode: also support forward-mode autodiff, by transposing backward.
-      setup_context: PyTorch 2's form: ``forward(*args)`` takes no ctx, and
-        ``setup_context(ctx, inputs, output)`` saves what backward needs.
-      host: forward and backward are NumPy/SciPy code, run through ``jax.pure_callback``
-        (under ``jit``, ``grad`` and ``vmap``); backward is once-differentiable.
-      output: with ``host=True``, the output's ``jax.ShapeDtypeStruct`` (pytree), checked
+      forward: `forward(ctx, *args, **kwargs)`, returning the output: an array, a tuple/list of
+        arrays, or any pytree of arrays (Python values in it come back unchanged). Any
+        parameters, defaults, keywords and `*args`, bound as Python binds them.
+      backward: `backward(ctx, *grad_outputs)`, given one `grad_output` per element of a
+        tuple/list output (else one), returning the gradients: a dict keyed by parameter name,
+        a tuple/list with one entry per argument, a bare array, or `None` (`None` and missing
+        keys mean zero).
+      name: what error messages call the function, and the first part of its saves' names
+        (`"linear.input"`); default `forward.__name__`.
+      forward_mode: also support forward-mode autodiff (`jax.jvp`, `jax.jacfwd`), by
+        transposing backward (which must be linear in `grad_output`). Not with a `jvp` rule.
+      setup_context: PyTorch 2's form: `forward(*args)` takes no ctx, and
+        `setup_context(ctx, inputs, output)` saves what backward needs.
+      host: forward and backward are NumPy/SciPy code, run through `jax.pure_callback`
+        (under `jit`, `grad` and `vmap`); backward is once-differentiable. Not with
+        `forward_mode=True`, `setup_context`, `jit=True` or a `jvp` rule.
+      output: with `host=True`, the output's `jax.ShapeDtypeStruct` (pytree), checked
         against what forward returns; by default it is derived once by running forward on ones.
-      jit: compile eager calls (outside any JAX transformation) with ``jax.jit``, once per call
+      jit: compile eager calls (outside any JAX transformation) with `jax.jit`, once per call
         signature (static values keyed strictly). Without it, an eager call runs forward's
-        Python op by op, every time, as PyTorch does. Calls inside ``jit``/``grad``/``vmap`` are
+        Python op by op, every time, as PyTorch does. Calls inside `jit`/`grad`/`vmap` are
         the same either way.
+      jvp: a forward-mode rule of your own, as PyTorch's `jvp`: `jvp(ctx, *tangents)` gets one
+        tangent per argument of forward (each `*args` element apart), in the argument's
+        structure: the tangent of each float/complex leaf, zeros where JAX is not
+        differentiating it (`None` with `ctx.set_materialize_grads(False)`), `None` for integer
+        and static leaves. It returns one tangent per output, in forward's output structure
+        (`None` for a zero tangent). Its `ctx` holds what forward saved with
+        `ctx.save_for_forward(...)` (as `saved_tensors` and `saved_variables`) and the
+        attributes forward set. It serves `jax.jvp`, `jax.jacfwd` and `jax.linearize`;
+        backward still serves reverse mode. Not with `forward_mode=True` or `host=True`.
+      vmap: a batching rule of your own, as PyTorch's `vmap`: `vmap(info, in_dims, *args)` gets
+        `info.batch_size` (and `info.randomness`, always `"error"`: random values come from key
+        arguments), `in_dims` with one entry per argument (the batch axis of each array leaf,
+        `None` where it is not batched and for static values), and forward's arguments, batched.
+        It returns `(outputs, out_dims)`: the batched outputs in forward's structure and one
+        batch axis (or `None`) per output, or one int for all. It serves `jax.vmap` in place of
+        batching forward's operations; the gradients of a batched call still come from
+        backward.
 
     Returns:
-      A callable ``jaxfn.AutogradFunction``.
+      A callable [`AutogradFunction`][jaxfn.AutogradFunction].
 
     Raises:
-      AutogradFunctionError: if forward or backward is not a function taking ctx first.
+      AutogradFunctionError: if forward or backward is not a function taking ctx first, or the
+        options can't go together.
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> def forward(ctx, tensor, constant):
@@ -267,10 +359,18 @@ def autograd_function(
 def once_differentiable(backward: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a backward that may be differentiated only once, as PyTorch's decorator does.
 
-    The first derivative works as usual; differentiating backward again (``jax.grad`` of
-    ``jax.grad``, ``jax.hessian``) raises ``AutogradFunctionError`` naming the function, instead
+    The first derivative works as usual; differentiating backward again (`jax.grad` of
+    `jax.grad`, `jax.hessian`) raises `AutogradFunctionError` naming the function, instead
     of a wrong or confusing result. Use it on a backward that calls code JAX can't differentiate
-    (NumPy, SciPy, a callback).
+    (NumPy, SciPy, a callback). It can't be combined with `forward_mode=True`, which
+    differentiates backward.
+
+    Args:
+      backward: the backward to mark, a function or a `staticmethod` (put the decorator below
+        `@staticmethod`, as in PyTorch).
+
+    Returns:
+      A backward that computes the same, marked once-differentiable.
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> class Cube(jaxfn.Function):
@@ -313,9 +413,31 @@ class Function:
     >>> float(jax.grad(Exp.apply)(0.0))
     1.0
 
-    The class name is the function's name in error messages; ``forward_mode = True`` (and
-    ``jit``, ``host``, ``output``, ``setup_context``) as a class attribute is
-    ``autograd_function(..., forward_mode=True)``.
+    The class name is the function's name in error messages; `forward_mode = True` (and
+    `jit`, `host`, `output`, `setup_context`) as a class attribute is
+    `autograd_function(..., forward_mode=True)`.
+
+    The static methods a subclass defines (each as the parameter of the same name of
+    [`autograd_function`][jaxfn.autograd_function]):
+
+    * `forward(ctx, *args, **kwargs)`: the output (`forward(*args)` without `ctx` where
+      `setup_context` is set);
+    * `backward(ctx, *grad_outputs)`, or `vjp` (PyTorch's other name for it; one of the two):
+      the gradients;
+    * `setup_context(ctx, inputs, output)` (optional): PyTorch 2's form, saves what backward
+      needs;
+    * `jvp(ctx, *tangents)` (optional): a forward-mode rule, one tangent per output;
+    * `vmap(info, in_dims, *args)` (optional): a batching rule, returning
+      `(outputs, out_dims)`.
+
+    Attributes:
+      forward_mode: `True` derives forward mode from backward (default `False`).
+      setup_context: PyTorch 2's form: set it (a static method), and forward takes no ctx.
+      host: `True` runs forward and backward as NumPy code, through `jax.pure_callback`.
+      output: with `host = True`, the output's `jax.ShapeDtypeStruct` (else derived once).
+      jit: `True` compiles eager calls with `jax.jit`, once per call signature.
+      generate_vmap_rule: PyTorch's flag: `True` asks for JAX's own batching, which is what a
+        class without a `vmap` rule gets anyway; `True` with a `vmap` rule is an error.
     """
 
     forward_mode: bool = False
@@ -363,9 +485,29 @@ class Function:
                 vmap=vmap,
             )
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Function:
+        if args or kwargs:  # Exp(x): PyTorch's Functions are called through .apply too
+            raise error(AutogradFunctionTypeError, cls.__name__, _CALLED_DIRECTLY.format(cls=cls.__name__, how="("))
+        return super().__new__(cls)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # Exp()(x)
+        name = type(self).__name__
+        raise error(AutogradFunctionTypeError, name, _CALLED_DIRECTLY.format(cls=name, how="()("))
+
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
-        """Call the function (as PyTorch's ``Function.apply``)."""
+        """Call the function (as PyTorch's `Function.apply`).
+
+        Args:
+          *args: forward's positional arguments, without `ctx`.
+          **kwargs: forward's keyword arguments.
+
+        Returns:
+          Forward's output (differentiable through backward, and the `jvp` and `vmap` rules).
+
+        Raises:
+          AutogradFunctionError: if the class defines no `forward` or no `backward` (or `vjp`).
+        """
         if cls._jaxfn is None:
             raise error(
                 AutogradFunctionTypeError,
@@ -374,3 +516,9 @@ class Function:
                 "before .apply can be called",
             )
         return cls._jaxfn(*args, **kwargs)
+
+
+_CALLED_DIRECTLY = (
+    "a jaxfn.Function subclass is called through its apply class method, as in PyTorch, but it was called as "
+    "{cls}{how}...); call {cls}.apply(...) with the same arguments"
+)

@@ -13,7 +13,7 @@ import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
 from ._arguments import DIFF, dtype_kind, leaf_kind
-from ._errors import GRADCHECK, AutogradFunctionValueError, GradcheckError, error
+from ._errors import AutogradFunctionValueError, GradcheckError, error, gradcheck_of
 from ._function import AutogradFunction
 
 
@@ -29,45 +29,52 @@ def gradcheck(
     check_batched_grad: bool | None = None,
     **kwargs: Any,
 ) -> bool:
-    """Check the gradients of ``fn`` (its custom backward) against central finite differences.
+    """Check the gradients of `fn` (its custom backward) against central finite differences.
 
     Every floating-point or complex leaf of every argument is checked (arrays of any precision,
     bfloat16 and float8 included, and Python and NumPy float scalars: they are the values to
     check), through every differentiable output (outputs marked non-differentiable, integer
     outputs and Python values are left out), in float64 / complex128: x64 is switched on with
     JAX's own context manager for the check only, so the setting in force before (global or a
-    ``jax.enable_x64`` context) is back afterwards. Integer, boolean and other arguments are
+    `jax.enable_x64` context) is back afterwards. Integer, boolean and other arguments are
     passed through unchanged. Complex leaves follow JAX's convention: the derivative along a
-    direction ``d`` is ``Re(sum(grad * d))``, checked along real and imaginary directions. A
+    direction `d` is `Re(sum(grad * d))`, checked along real and imaginary directions. A
     call with nothing to check (no floating leaf, or no differentiable output) raises.
 
     Cost: the outputs are reduced to one scalar with a fixed random cotangent; then each
-    differentiable leaf is checked along one random direction (two evaluations of ``fn`` and
+    differentiable leaf is checked along one random direction (two evaluations of `fn` and
     one gradient). Only a leaf that fails is located element by element, with one batched
-    (``vmap``) set of finite differences over its elements. So a passing check of inputs with
-    thousands of elements costs a handful of calls. ``order=2`` repeats the check for the
+    (`vmap`) set of finite differences over its elements. So a passing check of inputs with
+    thousands of elements costs a handful of calls. `order=2` repeats the check for the
     derivative of backward (reverse over reverse), at about twice the cost.
+
+    An option that is also a parameter of `fn` is refused as ambiguous: pass the function's own
+    through a `lambda`.
 
     Args:
       fn: a jaxfn function, or any JAX-differentiable callable.
-      *args, **kwargs: the arguments to call ``fn`` with.
-      eps: the finite-difference step.
-      atol, rtol: a gradient passes where ``|analytical - numerical| <= atol + rtol * |numerical|``.
-      order: 1 checks backward; 2 also checks the derivative of backward.
-      raise_exception: raise on failure (the default), or return False.
-      check_forward_ad: also check forward mode (a ``jvp`` rule, or the one ``forward_mode=True``
-        derives): each leaf's directional derivative from ``jax.jvp`` against finite differences.
-      check_batched_grad: also check the function under ``jax.vmap``: the outputs and gradients of
-        a batch of three inputs (``x`` and two nearby points) against the same computed one
-        example at a time (a ``vmap`` rule, and backward under ``vmap``).
+      *args: the positional arguments to call `fn` with.
+      eps: the finite-difference step (default `1e-6`).
+      atol: the absolute tolerance (default `1e-5`): a gradient passes where
+        `|analytical - numerical| <= atol + rtol * |numerical|`.
+      rtol: the relative tolerance (default `1e-3`), as in the formula of `atol`.
+      order: 1 (the default) checks backward; 2 also checks the derivative of backward.
+      raise_exception: raise on failure (the default, `True`), or return `False`.
+      check_forward_ad: also check forward mode (a `jvp` rule, or the one `forward_mode=True`
+        derives): each leaf's directional derivative from `jax.jvp` against finite differences.
+      check_batched_grad: also check the function under `jax.vmap`: the outputs and gradients of
+        a batch of three inputs (`x` and two nearby points) against the same computed one
+        example at a time (a `vmap` rule, and backward under `vmap`).
+      **kwargs: the keyword arguments to call `fn` with.
 
     Returns:
-      True when every check passes (False on failure with ``raise_exception=False``).
+      `True` when every check passes (`False` on failure with `raise_exception=False`).
 
     Raises:
       GradcheckError: naming the parameter (and pytree key path), the worst element's index,
         the analytical and numerical values, and the tolerance; or saying that nothing could
-        be checked.
+        be checked, or that an option is also a parameter of `fn`.
+      AutogradFunctionError: for an `order` other than 1 or 2.
 
     >>> import jax.numpy as jnp, jaxfn
     >>> square = jaxfn.autograd_function(lambda ctx, x: (ctx.save_for_backward(x), x**2)[1],
@@ -88,7 +95,7 @@ def gradcheck(
     eps, atol, rtol = 1e-6 if eps is None else eps, 1e-5 if atol is None else atol, 1e-3 if rtol is None else rtol
     order, raise_exception = 1 if order is None else order, True if raise_exception is None else raise_exception
     if order not in (1, 2):
-        raise error(AutogradFunctionValueError, GRADCHECK, f"order must be 1 or 2, but got {order!r}")
+        raise error(AutogradFunctionValueError, gradcheck_of(_name(fn)), f"order must be 1 or 2, but got {order!r}")
     try:
         with jax.enable_x64(True):  # JAX's context manager: restores whatever setting (or context) was in force
             return _gradcheck(
@@ -111,7 +118,7 @@ def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
     if clash:
         raise error(
             GradcheckError,
-            GRADCHECK,
+            gradcheck_of(_name(fn)),
             f"{', '.join(map(repr, clash))} is both an option of gradcheck and a parameter of the function, so it "
             "is ambiguous here; pass the function's value through a lambda (gradcheck(lambda x: f(x, eps=1e-5), x, "
             "eps=1e-6))",
@@ -119,13 +126,14 @@ def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
 
 
 def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batched_grad=False) -> bool:
+    who = gradcheck_of(_name(fn))  # what every message opens with
     with_paths, treedef = tree_flatten_with_path((args, kwargs))
     leaves = [_as_checked(leaf) for _, leaf in with_paths]
     floating = [i for i, leaf in enumerate(leaves) if leaf_kind(leaf) == DIFF]
     checked = [i for i in floating if np.size(leaves[i])]  # a zero-size leaf has no element to check
     labels = _labels(fn, args, [path for path, _ in with_paths])
     if not checked:
-        raise error(GradcheckError, GRADCHECK, _EMPTY_INPUTS if floating else _NO_INPUTS)
+        raise error(GradcheckError, who, _EMPTY_INPUTS if floating else _NO_INPUTS)
     rng = np.random.default_rng(0)
 
     def call(diff: list[Any]) -> Any:
@@ -142,7 +150,7 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batch
     if not out_shapes:
         raise error(
             GradcheckError,
-            GRADCHECK,
+            who,
             "there is nothing to check: no output is floating-point or complex and differentiable with at least "
             "one element, so no gradient flows back",
         )
@@ -156,23 +164,23 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batch
         sub_x0 = [x0[k] for k in which]
         sub_labels = [checked_labels[k] + (_ALONE if len(which) == 1 and alone else "") for k in which]
         if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
-            _check_jacobian(restricted, sub_x0, sub_labels, eps, atol, rtol)
+            _check_jacobian(restricted, sub_x0, sub_labels, eps, atol, rtol, who)
         else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
             cotangent = _random_like(rng, out_shapes)
             scalar = lambda diff, f=restricted, c=cotangent: _vdot(c, f(diff))  # noqa: E731
-            _check(scalar, sub_x0, sub_labels, eps, atol, rtol, rng, "")
+            _check(scalar, sub_x0, sub_labels, eps, atol, rtol, rng, "", who)
     if order == 2:
         cotangent = _random_like(rng, out_shapes)
         scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
         u = _random_like(rng, x0)
         second = lambda diff: _vdot(u, jax.grad(scalar)(diff))  # noqa: E731
-        _check(second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)")
+        _check(second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)", who)
     if forward_ad:
         cotangent = _random_like(rng, out_shapes)
         scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
-        _check_forward(scalar, x0, checked_labels, eps, atol, rtol, rng)
+        _check_forward(scalar, x0, checked_labels, eps, atol, rtol, rng, who)
     if batched_grad:
-        _check_batched(lambda diff: select(call(diff)), x0, checked_labels, out_shapes, atol, rtol, rng)
+        _check_batched(lambda diff: select(call(diff)), x0, checked_labels, out_shapes, atol, rtol, rng, who)
     return True
 
 
@@ -205,7 +213,7 @@ JACOBIAN_SIDE = 8192  # and at most this many inputs or outputs: one VJP per out
 _CHUNK = 1 << 20  # entries computed per vmapped batch
 
 
-def _check_jacobian(call, x0, labels, eps, atol, rtol) -> None:
+def _check_jacobian(call, x0, labels, eps, atol, rtol, who) -> None:
     """Every element of the Jacobian of the real view of ``call``: backward's against central
     finite differences. Complex inputs and outputs are split into real and imaginary parts,
     so JAX's convention for complex gradients is checked as a real Jacobian."""
@@ -236,7 +244,7 @@ def _check_jacobian(call, x0, labels, eps, atol, rtol) -> None:
 
         numerical = _one_by_one(column, n, np.shape(r))  # (n, size)
         ana = np.asarray(analytical[j]).reshape(size, n).T  # (n, size)
-        _compare(labels[k], part, np.shape(r), ana, np.asarray(numerical), atol, rtol)
+        _compare(labels[k], part, np.shape(r), ana, np.asarray(numerical), atol, rtol, who)
 
 
 def _batched(f, n: int, shape: tuple, chunk: int) -> Any:
@@ -258,7 +266,7 @@ def _one_by_one(f, n: int, shape: tuple) -> Any:
     return np.asarray(jax.lax.map(f, jnp.eye(n, dtype=jnp.float64).reshape((n, *shape))))
 
 
-def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: np.ndarray, atol, rtol) -> None:
+def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: np.ndarray, atol, rtol, who) -> None:
     """Raise naming the worst disagreement between two (input element, output) Jacobian blocks."""
     finite = np.isfinite(analytical) & np.isfinite(numerical)
     excess = np.where(finite, np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical)), np.inf)
@@ -270,7 +278,7 @@ def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: 
     where = "" if part is None else f" of its {part} part"
     raise error(
         GradcheckError,
-        GRADCHECK,
+        who,
         f"the gradient for {label} disagrees with finite differences; worst at index {index}{where} (output "
         f"element {int(output)}): analytical {a:.6g}, numerical {n:.6g} (|difference| {abs(a - n):.3g} > atol "
         f"{atol:g} + rtol {rtol:g} * |numerical|); {int(np.sum(np.any(excess > 0, axis=1)))} of "
@@ -278,7 +286,7 @@ def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: 
     )
 
 
-def _check(scalar, x0, labels, eps, atol, rtol, rng, what) -> None:
+def _check(scalar, x0, labels, eps, atol, rtol, rng, what, who) -> None:
     """Each leaf along one random direction; a failing leaf located element by element."""
     analytical = jax.grad(scalar)(x0)
     for k, (label, leaf) in enumerate(zip(labels, x0)):
@@ -288,10 +296,10 @@ def _check(scalar, x0, labels, eps, atol, rtol, rng, what) -> None:
         if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
             numerical
         ):
-            _locate(scalar, x0, k, analytical[k], label, eps, atol, rtol, what)
+            _locate(scalar, x0, k, analytical[k], label, eps, atol, rtol, what, who)
 
 
-def _check_forward(scalar, x0, labels, eps, atol, rtol, rng) -> None:
+def _check_forward(scalar, x0, labels, eps, atol, rtol, rng, who) -> None:
     """Forward mode: each leaf's directional derivative (``jax.jvp``) along one random direction
     against finite differences; a failing leaf located element by element."""
     for k, (label, leaf) in enumerate(zip(labels, x0)):
@@ -302,7 +310,7 @@ def _check_forward(scalar, x0, labels, eps, atol, rtol, rng) -> None:
             numerical
         ):
             analytical = _along_basis(lambda d, k=k: _directional(scalar, x0, k, d), x0[k])
-            _locate(scalar, x0, k, analytical, label, eps, atol, rtol, " in forward mode (jvp)")
+            _locate(scalar, x0, k, analytical, label, eps, atol, rtol, " in forward mode (jvp)", who)
 
 
 def _directional(scalar, x0, k, direction):
@@ -323,7 +331,7 @@ def _along_basis(along, leaf) -> Any:
     return values
 
 
-def _check_batched(f, x0, labels, out_shapes, atol, rtol, rng) -> None:
+def _check_batched(f, x0, labels, out_shapes, atol, rtol, rng, who) -> None:
     """``f`` and its gradient under ``jax.vmap`` over three inputs against the same, one at a time."""
     points = [x0] + [[x + 1e-3 * _random_like(rng, x) for x in x0] for _ in range(2)]
     stacked = [jnp.stack(leaves) for leaves in zip(*points)]
@@ -334,15 +342,17 @@ def _check_batched(f, x0, labels, out_shapes, atol, rtol, rng) -> None:
         one_by_one = [g(point) for point in points]
         names = labels if what == "the gradient" else [f"output {i}" for i in range(len(one_by_one[0]))]
         for k, name in enumerate(names):
-            _compare_batched(what, name, np.asarray(batched[k]), [np.asarray(o[k]) for o in one_by_one], atol, rtol)
+            _compare_batched(
+                what, name, np.asarray(batched[k]), [np.asarray(o[k]) for o in one_by_one], atol, rtol, who
+            )
 
 
-def _compare_batched(what: str, name: str, batched: np.ndarray, one_by_one: list[np.ndarray], atol, rtol) -> None:
+def _compare_batched(what: str, name: str, batched: np.ndarray, one_by_one: list[np.ndarray], atol, rtol, who) -> None:
     expected = np.stack(one_by_one)
     if batched.shape != expected.shape:
         raise error(
             GradcheckError,
-            GRADCHECK,
+            who,
             f"{what} for {name} under jax.vmap has shape {batched.shape}, but computed one example at a time it has "
             f"{expected.shape}; check the function's vmap rule",
         )
@@ -354,7 +364,7 @@ def _compare_batched(what: str, name: str, batched: np.ndarray, one_by_one: list
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), excess.shape))
     raise error(
         GradcheckError,
-        GRADCHECK,
+        who,
         f"{what} for {name} under jax.vmap disagrees with the same computed one example at a time; worst at batch "
         f"element {worst[0]}, index {worst[1:]}: batched {batched[worst]:.6g}, one at a time {expected[worst]:.6g} "
         f"(|difference| {abs(batched[worst] - expected[worst]):.3g} > atol {atol:g} + rtol {rtol:g} * |value|); "
@@ -362,7 +372,7 @@ def _compare_batched(what: str, name: str, batched: np.ndarray, one_by_one: list
     )
 
 
-def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what) -> None:
+def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what, who) -> None:
     """Finite differences for every element of leaf ``k``; raise naming the worst one."""
     size = int(np.size(x0[k]))
     numerical = _along_basis(lambda d: _central(scalar, x0, k, d, eps), x0[k])
@@ -373,7 +383,7 @@ def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what) -> None:
     index = tuple(int(i) for i in worst)
     raise error(
         GradcheckError,
-        GRADCHECK,
+        who,
         f"the gradient{what} for {label} disagrees with finite differences; worst at index {index}: "
         f"analytical {analytical[worst]:.6g}, numerical {numerical[worst]:.6g} (|difference| "
         f"{abs(analytical[worst] - numerical[worst]):.3g} > atol {atol:g} + rtol {rtol:g} * |numerical|); "
@@ -465,6 +475,15 @@ def _labels(fn: Callable[..., Any], args: tuple, paths: list[tuple]) -> list[str
             head = names[key.idx] if key.idx < len(names) else f"args[{key.idx}]"
         labels.append(head + keystr(tuple(rest)))
     return labels
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    """What gradcheck's messages call ``fn``: a jaxfn function's ``name``, else its ``__name__``."""
+    target = _jaxfn_function(fn)
+    if target is not None:
+        return target.name
+    function = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(function, "__name__", None) or type(fn).__name__
 
 
 def _jaxfn_function(fn: Callable[..., Any]) -> AutogradFunction | None:

@@ -29,14 +29,19 @@ def by_parameter(function: str, args: Arguments, returned: Any) -> dict[str, Any
     names, slots = args.names, args.slots
     if returned is None:
         return {}
-    if isinstance(returned, Mapping) and (len(slots) != 1 or set(returned) <= set(names)):
+    if isinstance(returned, Mapping) and (len(slots) != 1 or set(returned) <= set(names) or _one_leaf(args)):
         unknown = [key for key in returned if key not in names]
         if unknown:
             raise error(
                 AutogradFunctionTypeError,
                 function,
-                f"backward returned gradients for {', '.join(map(repr, unknown))}, but the parameters of "
-                f"'{function}' are {', '.join(map(repr, names))}",
+                f"backward returned gradients for {', '.join(map(repr, unknown))}, but "
+                + (
+                    f"the only parameter of '{function}' is {names[0]!r}"
+                    if len(names) == 1
+                    else f"the parameters of '{function}' are {', '.join(map(repr, names))}"
+                )
+                + "; key the dict by forward's parameter names",
             )
         return dict(returned)
     if isinstance(returned, (tuple, list)) and not (len(slots) == 1 and _own_gradient(args, returned)):
@@ -49,6 +54,14 @@ def by_parameter(function: str, args: Arguments, returned: Any) -> dict[str, Any
         f"{_FORMS}, but it returned {describe(returned)} for a function with {len(slots)} parameters "
         f"({', '.join(map(args.slot_name, slots))})",
     )
+
+
+def _one_leaf(args: Arguments) -> bool:
+    """For a one-argument call: whether that argument is a single leaf (an array), so a dict
+    returned by backward can only be keyed by parameter name, never be its own gradient."""
+    position, index = args.slots[0]
+    child = args.treedef.children()[position]
+    return (child.children()[index] if index is not None else child).num_nodes == 1
 
 
 def _own_gradient(args: Arguments, returned: tuple | list) -> bool:

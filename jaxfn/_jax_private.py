@@ -115,3 +115,61 @@ from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # noqa: 
 def saved_residuals(f: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, str]]:
     """(aval, description) of every residual JAX keeps to differentiate ``f`` at ``args``."""
     return _saved_residuals(f, *args, **kwargs)
+
+
+# JAX's hijax primitives (jax.experimental.hijax, experimental): a primitive whose rules are
+# Python methods. The class is VJPHiPrimitive in jax 0.10 and 0.11, HiPrim from jax 0.12; its
+# symbolic zero is ``Zero``, and the avals it takes are ``ShapedArray``s.
+from jax.experimental import hijax as _hijax  # noqa: E402
+
+HI_PRIMITIVE: Any = getattr(_hijax, "HiPrim", None) or _hijax.VJPHiPrimitive
+HI_ZERO: Any = _hijax.Zero
+SHAPED_ARRAY: Any = _hijax.ShapedArray
+
+
+def is_gradient_accumulator(value: Any) -> bool:
+    """Whether ``value`` is where a hijax primitive's ``transpose`` puts a linear input's
+    cotangent (``accum``, jax >= 0.10), rather than a value of a non-linear input."""
+    return callable(getattr(value, "accum", None))
+
+
+def reports_callback_error(err: BaseException, raised: BaseException) -> bool:
+    """Whether ``err`` is JAX's report that a host callback of a compiled program raised
+    ``raised``. JAX keeps no reference to the callback's exception (no ``__cause__``): its
+    runtime error (``jax.errors.JaxRuntimeError``, "CpuCallback error calling callback: ...")
+    carries only the exception's text, with its traceback."""
+    return isinstance(err, jax.errors.JaxRuntimeError) and str(raised) in str(err)
+
+
+def is_forward_mode_tracer(value: Any) -> bool:
+    """Whether ``value`` is a tracer of forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``)
+    at the call itself. With ``jax_use_direct_linearize`` on (the default from jax 0.7; the flag
+    is read where it exists) reverse mode traces with ``LinearizeTracer`` instead, so a
+    ``JVPTracer`` is forward mode."""
+    return type(value).__name__ == "JVPTracer" and bool(getattr(jax.config, "jax_use_direct_linearize", True))
+
+
+def refused_fwd_output(err: Exception) -> bool:
+    """JAX's TypeError when a custom_vjp's fwd gives an output other than its primal's (the text
+    of jax 0.10-0.12's ``_flatten_fwd``: "Custom VJP fwd rule ... must produce a pair" or "...
+    must produce primal outputs with equal container")."""
+    text = str(err)
+    return isinstance(err, TypeError) and "Custom VJP fwd rule" in text and "must produce" in text
+
+
+# Primitives that call back into Python (jax.pure_callback, io_callback, jax.debug.callback): their
+# names in jaxprs (jax 0.10-0.12).
+_CALLBACKS = ("pure_callback", "io_callback", "debug_callback", "callback")
+
+
+def calls_back(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (or a jaxpr it holds) calls back into Python."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _CALLBACKS:
+            return True
+        for value in eqn.params.values():
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(item, "jaxpr", item)
+                if hasattr(inner, "eqns") and calls_back(inner):
+                    return True
+    return False

@@ -38,7 +38,7 @@ import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
-from . import _arguments, _context, _forward_mode, _reverse_mode, _rule
+from . import _arguments, _context, _forward_mode, _linear, _reverse_mode, _rule
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._outputs import Outputs
@@ -85,7 +85,7 @@ class _Rules:
     in_diff: tuple[bool, ...]  # per input: whether it is a float/complex array (it has a cotangent)
     out_diff: tuple[bool, ...]  # per output: whether it carries a tangent
     primal: Callable[..., tuple[Any, ...]]
-    fwd: Callable[..., tuple[tuple[Any, ...], Any]]  # fwd(perturbed, *arrays) -> (outs, residuals)
+    fwd: Callable[..., tuple[tuple[Any, ...], Any]]  # fwd(perturbed, *arrays, again=None) -> (outs, residuals)
     bwd: Callable[..., list[Any]]  # bwd(residuals, cts) -> per input: a cotangent if in_diff, else None
     jvp: Callable[..., tuple[Any, Any]]  # jvp(perturbed, primals, tangents) -> (outs, per out_diff)
     forward_mode: bool  # whether jvp is the user's or derived (else JAX refuses it: no jax.linearize)
@@ -120,8 +120,11 @@ if _BASE is not None:
             return tuple(self.rules.primal(*arrays))
 
         def vjp_fwd(self, perturbed: Any, *arrays: Any) -> tuple[Any, Any]:
-            out, residuals = self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays)
-            return self._again(arrays, out), residuals
+            again = None  # on an outer trace's tracers: the outputs (and saved outputs) are this primitive again
+            if any(isinstance(a, Tracer) for a in arrays):
+                again = lambda out: tuple(self(*arrays))
+            out, residuals = self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays, again=again)
+            return tuple(out), residuals
 
         def vjp_bwd_retval(self, residuals: Any, cotangents: Any) -> tuple[Any, ...]:
             cts = [SymbolicZero(None) if isinstance(c, _Zero) else c for c in cotangents]  # type: ignore[arg-type]
@@ -129,14 +132,35 @@ if _BASE is not None:
             return tuple(_zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
 
         def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
+            # the tangents through _linear: where JAX transposes them (jax.grad under jax.checkpoint),
+            # the transpose is backward, never the jvp rule's own operations
+            rules, primals = self.rules, tuple(primals)
             perturbed = tuple(not isinstance(t, _Zero) for t in tangents)
-            given = [None if isinstance(t, _Zero) else t for t in tangents]
-            out, out_tangents = self.rules.jvp(perturbed, tuple(primals), given)
-            handed = iter(out_tangents)
+            which = [i for i, p in enumerate(perturbed) if p]
+            outs = [i for i, d in enumerate(rules.out_diff) if d]
+
+            def forward(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
+                full: list[Any] = [None] * len(residuals)
+                for i, t in zip(which, given):
+                    full[i] = t
+                return list(rules.jvp(perturbed, residuals, full)[1])
+
+            def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
+                cts: list[Any] = [SymbolicZero(None)] * len(self.out_aval)  # type: ignore[arg-type]
+                for i, ct in zip(outs, cotangents):
+                    if ct is not None:
+                        cts[i] = ct
+                grads = rules.bwd(rules.fwd(perturbed, *residuals)[1], cts)
+                return [grads[i] for i in which]
+
+            given = tuple(tangents[i] for i in which)
+            computed = iter(
+                _linear.tangents(rules.name, forward, backward, primals, given, [self.out_aval[i] for i in outs])
+            )
             out_tangents = [
-                next(handed) if d else _Zero(_tangent_aval(a)) for d, a in zip(self.rules.out_diff, self.out_aval)
+                next(computed) if d else _Zero(_tangent_aval(a)) for d, a in zip(rules.out_diff, self.out_aval)
             ]
-            return self._again(primals, out), tuple(out_tangents)
+            return self._again(primals, None), tuple(out_tangents)
 
         def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
             # jax.linearize: the tangent function is the jvp rule on the primals, kept as residuals
@@ -182,8 +206,9 @@ def _batched_rules(rules: _Rules, dims: tuple[Any, ...], vmap: Callable[..., Any
     (inputs batched at axis 0 or not at all; outputs and residuals batched at axis 0)."""
     axes = tuple(None if d is None else 0 for d in dims)
 
-    def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> Any:
-        return vmap(functools.partial(rules.fwd, perturbed), in_axes=axes, out_axes=0)(*arrays)
+    def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> Any:
+        out, residuals = vmap(functools.partial(rules.fwd, perturbed), in_axes=axes, out_axes=0)(*arrays)
+        return (out if again is None else again(out)), residuals
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         present = [not isinstance(c, SymbolicZero) for c in cotangents]
@@ -278,8 +303,8 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
     float/complex inputs JAX is not differentiating (a batched backward returns arrays for all)."""
     forward, backward = _reverse_mode.rule(definition, args)
 
-    def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
-        out, _, residuals = forward(arrays, perturbed)
+    def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
+        out, _, residuals = forward(arrays, perturbed, again)
         return tuple(out), residuals
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
@@ -306,9 +331,10 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -
     ``jax.vjp`` over the differentiated inputs; its pullback is the residual."""
     traces = _rule.Traces()
 
-    def fwd(perturbed: tuple[bool, ...], *arrays: Any) -> tuple[tuple[Any, ...], Any]:
+    def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
         which = [i for i, p in enumerate(perturbed) if p]
         out, pullback = jax.vjp(_of_chosen(primal, arrays, which), *[arrays[i] for i in which])
+        out = out if again is None else again(out)
         return out, (pullback, traces.token((perturbed, _arguments.shape_dtypes(arrays))))
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
@@ -376,6 +402,15 @@ def _out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
                 name,
                 f"jvp must return one tangent per output, an array, but for output {index} it returned "
                 f"{type_name(tangent)}; return an array shaped as that output (or None for a zero tangent)",
+            )
+        dtype = jnp.result_type(tangent)
+        if jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"jvp must return one tangent per output, of the output's dtype, but the tangent of output {index} "
+                f"is {dtype} where the output is real ({aval.dtype}), so its imaginary part would be lost; return a "
+                "real tangent for a real output",
             )
         shape = jnp.shape(tangent)
         if shape != tuple(aval.shape):
@@ -468,6 +503,14 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, infos: list[Output
                 f"vmap must return a pair (outputs, out_dims), as in PyTorch, but it returned {type_name(returned)}",
             )
         out, out_dims = returned
+        if not info.is_sequence and isinstance(out_dims, (tuple, list)):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"vmap must return out_dims as forward's output is structured: one int (or None) for its one "
+                f"output, but it returned {type_name(out_dims)} {out_dims!r}; return the int itself (for instance "
+                "0, not (0,))",
+            )
         out_leaves = _per_output_leaf(name, info, out, "vmap", "output")
         if out_dims is None or isinstance(out_dims, int):
             dim_leaves = [out_dims] * len(out_leaves)

@@ -25,20 +25,24 @@ from jax.custom_derivatives import CustomVJPPrimal
 from . import _arguments, _jax_private, _rule, _saves, _tie
 from ._arguments import Arguments
 from ._context import Context
+from ._errors import AutogradFunctionTypeError, error
 from ._outputs import Outputs
 
 
 def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The custom rule on one call's flat arrays, as this builder and ``_primitive`` use it:
-    ``forward(arrays, perturbed) -> (outputs, info, residuals)`` runs the user's forward with a
-    fresh context whose arrays cross as residuals (named, ``_saves``) and whose static part is
-    kept per trace; ``backward(residuals, cotangents) -> (one cotangent or None per array input,
-    the inputs' shapes and dtypes)`` runs the user's backward on the context rebuilt."""
+    ``forward(arrays, perturbed, again=None) -> (outputs, info, residuals)`` runs the user's
+    forward with a fresh context whose arrays cross as residuals (named, ``_saves``) and whose
+    static part is kept per trace (``again``: see ``_rule.outputs_again``); ``backward(residuals,
+    cotangents) -> (one cotangent or None per array input, the inputs' shapes and dtypes)`` runs
+    the user's backward on the context rebuilt."""
     traces = _rule.Traces()
 
-    def forward(arrays: Any, perturbed: Any) -> tuple[list[Any], Outputs, Any]:
+    def forward(arrays: Any, perturbed: Any, again: Any = None) -> tuple[list[Any], Outputs, Any]:
         ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
         saved, remainder = ctx.to_residuals()
+        if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
+            out, saved = _rule.outputs_again(again, out, saved)
         saved = _saves.named(definition.name, saved, remainder, arrays)
         token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
         return out, info, (saved, token)
@@ -51,6 +55,13 @@ def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., A
 
     return forward, backward
 
+
+OUTPUT_DIFFERS = (
+    "forward's output must be the same whatever is differentiated, but it differs between a trace where "
+    "no input is differentiated and one where some are (its shapes, dtypes or structure depend on "
+    "ctx.needs_input_grad); return the same output in every case, and use needs_input_grad only to choose "
+    "what to save"
+)
 
 # JAX's custom_vjp reads the signature of its three functions (inspect.signature) on every call,
 # to name arguments in its messages. Each function's own signature, read once per ``def`` (its
@@ -80,23 +91,28 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """
     forward, backward = rule(definition, args)
     infos: list[Outputs] = []  # the output's description, from whichever trace ran last
+    primal_infos: list[Outputs] = []  # the primal's: fwd's output must be the same
 
     @jax.custom_vjp
     @_signed
     def primal(*arrays: Any) -> Any:
         out, info = _rule.primal(definition, args, arrays)
         infos.append(info)
+        primal_infos.append(info)
         return tuple(out)
 
     def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
         arrays = [p.value for p in primals]
-        out, info, residuals = forward(arrays, [p.perturbed for p in primals])  # its trace's token first
-        infos.append(info)
-        if any(isinstance(a, Tracer) for a in arrays):
+        again = None
+        if any(isinstance(a, Tracer) for a in arrays):  # an outer differentiation goes through backward
             if _jax_private.custom_vjp3():  # JAX's hijax custom_vjp refuses the jvp that the tie needs
-                out = tied()(tuple(arrays), tuple(out))
+                again = lambda out: tied()(tuple(arrays), tuple(out))
             else:
-                out = _tie.tie(primal, tuple(arrays), tuple(out))  # an outer differentiation goes through backward
+                again = lambda out: _tie.tie(primal, tuple(arrays), tuple(out))
+        out, info, residuals = forward(arrays, [p.perturbed for p in primals], again)  # its trace's token first
+        if primal_infos and not primal_infos[-1].same_as(info):
+            raise error(AutogradFunctionTypeError, definition.name, OUTPUT_DIFFERS)
+        infos.append(info)
         return tuple(out), residuals
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:

@@ -103,12 +103,24 @@ def _collecting() -> Iterator[dict[str, list[tuple[str, str, bool]]]]:
 
 
 def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
-    """Every residual JAX keeps to differentiate ``f`` at these arguments, read from JAX's own
-    saved-residual report (what ``jax.ad_checkpoint.print_saved_residuals`` prints), with each
-    jaxfn save named: function, save name, shape, dtype, bytes, and whether it is an input
-    passed through or a new array. Under ``jax.checkpoint`` with a policy, only what the policy
-    keeps is listed. (Zero-size residuals, such as the ones that tell a jaxfn backward its trace,
-    hold nothing and are left out.)
+    """Every residual JAX keeps to differentiate `f` at these arguments, each jaxfn save named.
+
+    Read from JAX's own saved-residual report (what `jax.ad_checkpoint.print_saved_residuals`
+    prints): per residual, the function, save name, shape, dtype, bytes, and whether it is an
+    input passed through or a new array. Under `jax.checkpoint` with a policy, only what the
+    policy keeps is listed. (Zero-size residuals, such as the ones that tell a jaxfn backward its
+    trace, hold nothing and are left out.)
+
+    Args:
+      f: the function to differentiate (with respect to its array arguments), calling jaxfn
+        functions or not.
+      *args: `f`'s positional arguments.
+      **kwargs: `f`'s keyword arguments.
+
+    Returns:
+      A tuple of rows, one per residual, each with `function` (`""` for JAX's own residuals),
+        `save` (the save name, `"input"` in `"linear.input"`), `shape`, `dtype`, `nbytes` and
+        `kind` (`"input"` or `"new"`); its `str` is a Markdown table and its `nbytes` the total.
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> def forward(ctx, x):

@@ -34,9 +34,11 @@ def _identity(*values: Any, count: int, rule: Any) -> tuple[Any, ...]:
 
 
 def _jvp(primals: Any, tangents: Any, *, count: int, rule: Any) -> tuple[list[Any], list[Any]]:
-    arrays, out = primals[:count], primals[count:]
+    arrays = primals[:count]
     given = [ad.instantiate_zeros(t) for t in tangents[:count]]
-    _, out_tangents = jax.jvp(rule, tuple(arrays), tuple(given))
+    # the output the rule gives here, not the tie's input (forward's operations): a differentiation
+    # further out then meets the rule again, so every order goes through backward
+    out, out_tangents = jax.jvp(rule, tuple(arrays), tuple(given))
     return list(out), list(out_tangents)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from . import _arguments, _eager, _jax_private, _rule, _tracers
+from . import _arguments, _eager, _jax_private, _reverse_mode, _rule, _tracers
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 
 # The words jax.custom_vjp's TypeError uses when forward mode reaches it.
@@ -26,11 +26,27 @@ _CLOSURE_HELP = (
 )
 
 
+_HOST_IN_GATE = (
+    "it is a host=True function (NumPy code) called inside the backward of a forward_mode=True function, "
+    "whose forward mode transposes that backward; JAX can't transpose host code, so that function can't "
+    "derive forward mode from its backward (its reverse mode, jax.grad, works); give the outer function its "
+    "own jvp rule, or drop forward_mode=True there"
+)
+
+
 def call(
-    build: Callable[..., Any], definition: _rule.Definition, arguments: _arguments.Arguments, user: tuple[Any, ...]
+    build: Callable[..., Any],
+    definition: _rule.Definition,
+    arguments: _arguments.Arguments,
+    user: tuple[Any, ...],
+    forward_mode: bool = True,
+    host: bool = False,
 ) -> Any:
     """One traced call through ``build``'s custom rule; ``user``: the user's functions (forward,
-    backward), checked for differentiated values they hold."""
+    backward), checked for differentiated values they hold; ``forward_mode``: whether the
+    function has a forward-mode rule (else ``jax.jvp`` on it is refused here, in jaxfn's words,
+    also where JAX would refuse only when a ``jit`` around it compiles); ``host``: whether its
+    forward is host code (which forward mode's gate can't transpose)."""
     statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
     own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
 
@@ -39,7 +55,11 @@ def call(
 
     if _tracers.holds_tracer((user, statics), differentiated):
         raise error(AutogradFunctionTypeError, definition.name, _CLOSURE_HELP)
+    if not forward_mode and any(_jax_private.is_forward_mode_tracer(a) for a in arguments.arrays):
+        raise error(AutogradFunctionTypeError, definition.name, _rule.FORWARD_MODE_HELP)
     if _rule.in_plain_forward():  # forward mode's gate transposes through this call's forward
+        if host:
+            raise error(AutogradFunctionTypeError, definition.name, _HOST_IN_GATE)
         out, info = _rule.primal(definition, arguments, arguments.arrays)
         return info.rebuild(out)
     rule = build(definition, arguments.structure())  # keeps no reference to the arrays
@@ -68,4 +88,6 @@ def _explain(err: Exception) -> str | None:
         return _rule.FORWARD_MODE_HELP
     if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
         return _CLOSURE_HELP
+    if _jax_private.refused_fwd_output(err):
+        return _reverse_mode.OUTPUT_DIFFERS
     return None

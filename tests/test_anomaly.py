@@ -184,3 +184,16 @@ def test_the_environment_switch_turns_it_on_for_the_whole_program():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "jaxfn: 'log': forward returned a non-finite value in its output (-inf at index (0,))"
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_a_grad_output_already_non_finite_is_blamed_on_what_comes_after(transform):
+    double = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="double")
+    grad = transform(jax.grad(lambda x: jnp.log(double(x) * 0).sum()))  # log(0): nan on the way back
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"^jaxfn: 'double': grad_output was already nan \(at index \(0,\)\) when it reached backward, so "
+        r"the non-finite value comes from after this function",
+    ):
+        with jaxfn.detect_anomaly():  # under jit: the error leaving the block is jaxfn's own
+            jax.block_until_ready(grad(jnp.ones(2)))

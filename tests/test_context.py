@@ -268,3 +268,41 @@ def test_each_backward_sees_its_own_forward_trace():
     _, pullback_y = jax.vjp(lambda y: f(x, y), y)
     np.testing.assert_allclose(pullback_y(jnp.ones(2))[0], x)
     np.testing.assert_allclose(pullback_x(jnp.ones(2))[0], y)
+
+
+def test_needs_input_grad_out_of_range_is_an_index_error_naming_the_parameters():
+    def backward(ctx, g):
+        assert list(ctx.needs_input_grad) == [True, False] and ctx.needs_input_grad[-1] is False
+        return g * ctx.needs_input_grad[2]
+
+    f = jaxfn.autograd_function(lambda ctx, x, y: x * y, backward, name="mul")
+    with pytest.raises(
+        IndexError,
+        match=r"'mul': ctx.needs_input_grad\[2\] is out of range: it has 2 entries, one per argument of forward "
+        r"after ctx, so positions are 0 to 1 \(the parameters are 'x', 'y'.*ctx.needs_input_grad.<name>",
+    ) as info:
+        jax.grad(lambda x: f(x, jnp.ones(2)).sum())(jnp.ones(2))
+    assert isinstance(info.value, jaxfn.AutogradFunctionError)
+
+
+def test_saved_variables_after_positional_saves_unpacks_as_pytorch_does():
+    seen = {}
+
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)  # PyTorch style: by position
+        return a * b
+
+    def backward(ctx, g):
+        s = ctx.saved_variables
+        a, b = s  # PyTorch's old name of saved_tensors
+        seen.update(length=len(s), keys=list(s.keys()), as_dict=dict(s))
+        with pytest.raises(IndexError, match=r"ctx.saved_variables\[2\] is out of range: it has 2 entries"):
+            s[2]
+        return g * b, g * a
+
+    f = jaxfn.autograd_function(forward, backward, name="mul")
+    x, y = jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])
+    gx, gy = jax.jit(jax.grad(lambda x, y: f(x, y).sum(), (0, 1)))(x, y)
+    np.testing.assert_allclose(gx, y)
+    np.testing.assert_allclose(gy, x)
+    assert seen == dict(length=2, keys=[], as_dict={})  # by-name saves iterate names (see the test above)

@@ -303,3 +303,25 @@ def test_a_backward_wrong_only_when_one_input_is_differentiated_is_caught():
         match=r"the gradient for 'x' \(differentiated alone, the other inputs held constant\) disagrees",
     ):
         jaxfn.gradcheck(f, x, y)
+
+
+def test_failures_name_the_function_checked():
+    wrong = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 3, name="wrong_double")
+
+    class WrongDouble(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    def plain(x):
+        return wrong(x)
+
+    for fn, name in ((wrong, "wrong_double"), (WrongDouble.apply, "WrongDouble"), (plain, "plain")):
+        with pytest.raises(jaxfn.GradcheckError, match=rf"^jaxfn.gradcheck: '{name}': the gradient for 'x' disagrees"):
+            jaxfn.gradcheck(fn, jnp.ones(2))
+    with pytest.raises(jaxfn.GradcheckError, match=r"^jaxfn.gradcheck: 'plain': there is nothing to check"):
+        jaxfn.gradcheck(plain, 1)

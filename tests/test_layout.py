@@ -21,6 +21,7 @@ LAYERS = [
     "_anomaly",
     "_rule",
     "_tie",
+    "_linear",
     "_reverse_mode",
     "_forward_mode",
     "_eager",

@@ -1,0 +1,300 @@
+"""Reverse mode is backward, always: in every builder, under every transformation, at every order.
+
+Each gradient is compared with what backward returns (written out by hand here), and each higher
+order with a reference ``jax.custom_vjp`` written JAX's way (its fwd calls the function itself),
+never with jaxfn's own output.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxfn
+
+W = jnp.array([2.0, 3.0, 4.0])
+X = jnp.array([1.7, 2.2, -3.4])
+
+
+def _close(a, b, tol=1e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+# -- one function per builder, all with the same forward and backward ------------------------------
+# forward: x ** 3, saving its own output; backward: grad_output * 5 * output (deliberately not the
+# derivative of forward, so that a result through forward's operations shows)
+
+
+def _cube_forward(ctx, x):
+    out = x**3
+    ctx.save_for_backward(out)
+    return out
+
+
+def _cube_backward(ctx, g):
+    (out,) = ctx.saved_tensors
+    return g * 5.0 * out
+
+
+BUILDERS = {
+    "default": {},
+    "forward_mode": {"forward_mode": True},
+    "jvp rule": {"jvp": lambda ctx, t: t * 7.0},
+    "vmap rule": {"vmap": lambda info, in_dims, x: (x**3, in_dims[0])},
+}
+
+
+@jax.custom_vjp
+def _cube_reference(x):
+    return x**3
+
+
+def _cube_reference_fwd(x):
+    out = _cube_reference(x)  # JAX's way: fwd calls the function, so every order goes through bwd
+    return out, out
+
+
+_cube_reference.defvjp(_cube_reference_fwd, lambda out, g: (g * 5.0 * out,))
+
+
+def _cube(builder):
+    return jaxfn.autograd_function(_cube_forward, _cube_backward, name="cube", **BUILDERS[builder])
+
+
+def _value(f):
+    return lambda x: jax.value_and_grad(f)(x)[0]
+
+
+DEPTHS = {
+    "grad": lambda f: jax.grad(f),
+    "grad of the value of value_and_grad": lambda f: jax.grad(_value(f)),
+    "grad of the value, nested twice": lambda f: jax.grad(_value(_value(f))),
+    "grad of grad": lambda f: jax.grad(jax.grad(f)),
+    "grad of grad of grad": lambda f: jax.grad(jax.grad(jax.grad(f))),
+}
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_every_order_goes_through_backward_as_a_reference_custom_vjp(builder, depth, transform):
+    f = _cube(builder)
+    _close(transform(DEPTHS[depth](f))(1.5), DEPTHS[depth](_cube_reference)(1.5))
+
+
+POLICIES = {
+    "no checkpoint": lambda f: f,
+    "checkpoint": jax.checkpoint,
+    "checkpoint, dots saveable": lambda f: jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable),
+    "checkpoint, nothing saveable": lambda f: jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable),
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_grad_is_backward_under_checkpoint_vmap_and_a_remat_scan(builder, policy):
+    f = _cube(builder)
+    loss = POLICIES[policy](lambda x: (f(x) * W).sum())
+    want = W * 5.0 * X**3  # what backward returns
+    _close(jax.grad(loss)(X), want)
+    _close(jax.jit(jax.grad(loss))(X), want)
+    _close(jax.vmap(jax.grad(loss))(jnp.stack([X, X])), jnp.stack([want, want]))
+
+    def scanned(cube):  # a remat'd scan body holding the function
+        body = lambda carry, w: (carry + cube(carry) * w, None)
+        return lambda x: lax.scan(POLICIES[policy](body), x, W[:2])[0].sum()
+
+    x = jnp.array([0.3, -0.2, 0.1])
+    _close(jax.grad(scanned(f))(x), jax.grad(scanned(_cube_reference))(x), 1e-4)
+    _close(jax.jit(jax.grad(scanned(f)))(x), jax.grad(scanned(_cube_reference))(x), 1e-4)
+
+
+# -- what JAX's transposition would drop -----------------------------------------------------------
+
+
+def _quantizer(**options):
+    def forward(ctx, x):
+        return jnp.round(x)
+
+    def backward(ctx, g):  # a term that a cast to an integer and back makes, as quantizers do
+        return g.astype(jnp.int32).astype(g.dtype) + g
+
+    return jaxfn.autograd_function(forward, backward, name="quantize", **options)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_forward_mode_true_never_changes_what_grad_returns(policy):
+    want = W.astype(jnp.int32).astype(W.dtype) + W
+    for options in ({}, {"forward_mode": True}):
+        f = _quantizer(**options)
+        loss = POLICIES[policy](lambda x, f=f: (f(x) * W).sum())
+        _close(jax.grad(loss)(X), want)
+        _close(jax.jit(jax.grad(loss))(X), want)
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_forward_mode_refuses_a_cast_of_grad_output_that_jax_would_transpose_to_zero(transform):
+    f = _quantizer(forward_mode=True)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'quantize': .*casts a value computed from grad_output"):
+        transform(lambda x, t: jax.jvp(f, (x,), (t,)))(X, jnp.ones(3))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_jvp_rule_never_stands_in_for_a_straight_through_backward(policy):
+    called = []
+
+    def backward(ctx, g):
+        called.append(True)
+        return jnp.clip(g, -1.0, 1.0) * 5.0
+
+    sign = jaxfn.autograd_function(
+        lambda ctx, x: jnp.sign(x), backward, name="sign", jvp=lambda ctx, t: jnp.zeros_like(t)
+    )
+    loss = POLICIES[policy](lambda x: (sign(x) * W).sum())
+    _close(jax.grad(loss)(X), jnp.full(3, 5.0))
+    assert called
+    assert float(jax.jvp(sign, (X,), (jnp.ones(3),))[1].sum()) == 0.0  # forward mode is the jvp rule
+
+
+# -- jaxfn functions inside backward, host code, anomaly detection ---------------------------------
+
+
+def test_jaxfn_functions_inside_backward_keep_their_backward_at_second_order_in_forward_mode():
+    inner = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: g * 3.0, name="inner", forward_mode=True)
+
+    @jax.custom_vjp
+    def inner_reference(x):
+        return x * 2.0
+
+    inner_reference.defvjp(lambda x: (inner_reference(x), None), lambda _, g: (g * 3.0,))
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return jnp.sin(x)
+
+    def make(helper):
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return helper(g * jnp.cos(x))
+
+        return backward
+
+    outer = jaxfn.autograd_function(forward, make(inner), name="outer", forward_mode=True)
+
+    @jax.custom_vjp
+    def outer_reference(x):
+        return jnp.sin(x)
+
+    outer_reference.defvjp(lambda x: (outer_reference(x), x), lambda x, g: (inner_reference(g * jnp.cos(x)),))
+    _close(jax.grad(jax.grad(outer))(0.3), jax.grad(jax.grad(outer_reference))(0.3))
+    _close(jax.jit(jax.grad(jax.grad(outer)))(0.3), jax.grad(jax.grad(outer_reference))(0.3))
+
+
+def _host_inside_backward():
+    double = jaxfn.autograd_function(
+        lambda ctx, x: np.asarray(x) * 2.0, lambda ctx, g: np.asarray(g) * 2.0, name="double", host=True
+    )
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return jnp.sin(x)
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return double(g) * jnp.cos(x)
+
+    return jaxfn.autograd_function(forward, backward, name="outer", forward_mode=True)
+
+
+def test_a_host_function_inside_a_forward_mode_backward_works_in_reverse_mode():
+    f = _host_inside_backward()
+    _close(jax.jit(jax.grad(f))(0.3), 2.0 * jnp.cos(0.3))
+    _close(jax.grad(f)(0.3), 2.0 * jnp.cos(0.3))
+
+
+def test_a_host_function_inside_a_forward_mode_backward_is_refused_in_forward_mode_for_what_it_is():
+    f = _host_inside_backward()
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'double': it is a host=True function .* can't transpose"):
+        jax.jvp(f, (0.3,), (1.0,))
+
+
+def test_detect_anomaly_composes_with_forward_mode():
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: g * 2.0, name="f", forward_mode=True)
+    with jaxfn.detect_anomaly():
+        _close(jax.jvp(f, (1.0,), (1.0,))[1], 2.0)
+        _close(jax.jit(lambda x: jax.jvp(f, (x,), (1.0,))[1])(1.0), 2.0)
+        _close(jax.grad(f)(1.0), 2.0)
+
+
+def test_the_constant_term_check_never_runs_a_callback_on_made_up_values():
+    seen = []
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        jax.debug.callback(lambda v: seen.append(np.asarray(v).copy()), x)
+        return g * 2.0
+
+    f = jaxfn.autograd_function(forward, backward, name="f", forward_mode=True)
+    x = jnp.array([0.5, 1.5])
+    jax.block_until_ready(jax.jit(lambda x: jax.jvp(f, (x,), (jnp.ones(2),)))(x))
+    jax.effects_barrier()
+    for value in seen:
+        _close(value, x)
+
+
+# -- saved outputs of a while_loop forward ---------------------------------------------------------
+
+
+def test_saved_outputs_of_a_while_loop_forward_have_a_second_derivative():
+    def forward(ctx, x):  # Newton's method for the cube root, as solvers ported from custom_vjp code do
+        step = lambda c: (c[0] - (c[0] ** 3 - x) / (3 * c[0] ** 2), c[1] + 1)
+        z = lax.while_loop(lambda c: c[1] < 30, step, (jnp.ones_like(x), 0))[0]
+        ctx.save_for_backward(z)
+        return z
+
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        return g / (3 * z**2)
+
+    cube_root = jaxfn.autograd_function(forward, backward, name="cube_root")
+    want = jax.grad(jax.grad(lambda x: x ** (1 / 3)))(8.0)
+    _close(jax.grad(jax.grad(cube_root))(8.0), want)
+    _close(jax.jit(jax.grad(jax.grad(cube_root)))(8.0), want)
+
+
+# -- refusals in jaxfn's words ---------------------------------------------------------------------
+
+
+def test_forward_mode_under_jit_is_refused_in_jaxfn_words():
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: g * 2.0, name="double")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'double': it was differentiated in forward mode"):
+        jax.jit(lambda x, t: jax.jvp(f, (x,), (t,)))(1.0, 1.0)
+
+
+def test_an_output_that_depends_on_needs_input_grad_is_refused_under_scan_and_grad():
+    def forward(ctx, x, y):
+        return x * y if ctx.needs_input_grad.x else (x * y)[None]
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: (g, g), name="shifty")
+    loss = lambda x: lax.scan(lambda c, _: (f(c, 2.0).sum(), None), x, None, length=2)[0]
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'shifty': forward's output must be the same whatever"):
+        jax.grad(loss)(1.0)
+
+
+def test_a_vmap_rule_giving_a_tuple_of_out_dims_for_one_output_is_named():
+    f = jaxfn.autograd_function(
+        lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="f", vmap=lambda info, d, x: (x * 2, (0,))
+    )
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': vmap must return out_dims .* \(0,\)"):
+        jax.vmap(f)(jnp.ones((3, 2)))
+
+
+def test_a_complex_tangent_for_a_real_output_is_named():
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="f", jvp=lambda ctx, t: t * (2 + 1j))
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': jvp must return .* complex.* real"):
+        jax.jvp(f, (1.0,), (1.0,))
