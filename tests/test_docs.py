@@ -6,6 +6,11 @@ Blocks that are not Python (shell commands, a SLURM script, R code, printed outp
 ```bash, ```r or plain ```; no block may hide from this test under another Python tag. The
 "Inside Equinox, Flax NNX and Optax" page is skipped when those optional packages are absent (the
 test extra installs them), and so is the page of host functions without SciPy.
+
+A page may include code from the repository the way the site does (``pymdownx.snippets``, paths from
+the repository's root): a line ``--8<-- "examples/gallery/x.py:function"`` in a block stands for
+the lines between ``# --8<-- [start:function]`` and ``# --8<-- [end:function]`` in that file, and
+the test runs the block with those lines in its place, as the reader sees it.
 """
 
 import importlib.util
@@ -19,8 +24,37 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-NEEDS = {"ecosystem.md": ("equinox", "flax", "optax"), "host.md": ("scipy",)}
+NEEDS = {"ecosystem.md": ("equinox", "flax", "optax"), "host.md": ("scipy",), "from-pytorch.md": ("optax",)}
 LANGUAGES = {"python", "bash", "r", ""}  # the fences a page may use
+
+
+SNIPPET = re.compile(r'^(\s*)-{1,}8<-{1,}\s+"([^"]+)"\s*$')  # --8<-- "path" or "path:section"
+SECTION = re.compile(r"-{1,}8<-{1,}\s+\[\s*(start|end)\s*:\s*([a-z][-_0-9a-z]*)\s*\]")  # a section marker
+
+
+def included(spec: str) -> list[str]:
+    """The lines ``--8<-- "spec"`` puts in a page: a whole file, or one section of it, without the
+    section markers (as pymdownx.snippets does with this site's settings)."""
+    path, _, section = spec.partition(":")
+    lines = (ROOT / path).read_text().splitlines()
+    if section:
+        bounds = [i for i, line in enumerate(lines) if (m := SECTION.search(line)) and m.group(2) == section]
+        assert len(bounds) == 2, f"{path}: section {section!r} needs one start and one end marker, found {len(bounds)}"
+        lines = lines[bounds[0] + 1 : bounds[1]]
+    return [line for line in lines if not SECTION.search(line)]
+
+
+def _page_lines(path):
+    """The page's lines with every snippet include replaced by what it includes (indented as the include)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        match = SNIPPET.match(line)
+        if match:
+            indent, spec = match.groups()
+            lines += [indent + text if text else text for text in included(spec)]
+        else:
+            lines.append(line)
+    return lines
 
 
 def _pages():
@@ -28,8 +62,9 @@ def _pages():
 
 
 def _fences(path):
-    """(language, first line number, code) of each fenced block, in order."""
-    found, lines, i = [], path.read_text().splitlines(), 0
+    """(language, indent, first line number, code) of each fenced block, in order, includes expanded
+    (line numbers count the expanded lines)."""
+    found, lines, i = [], _page_lines(path), 0
     while i < len(lines):
         match = re.match(r"^(\s*)```(\S*)\s*$", lines[i])
         if match:
@@ -112,3 +147,140 @@ def test_the_site_builds_strictly(tmp_path):
     done = build_site(tmp_path / "site")
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "api" / "autograd_function" / "index.html").is_file()
+
+
+# What reStructuredText leaves as literal text once Markdown renders it: a role (:class:`X`) or a
+# paragraph ending in "::" that announced a literal block. The API pages render docstrings as
+# Markdown (Google style, ```python fences), so neither may appear there.
+REST_LEFTOVERS = re.compile(r":(class|func|meth|attr|data|mod|exc|obj):`|::[ \t]*$", re.MULTILINE)
+# Methods that carry a context from forward to backward inside jaxfn: public names, not API.
+INTERNALS = ("from_residuals", "to_residuals")
+
+
+def _api_objects():
+    """(page, object path, mkdocstrings filters) of every ``::: jaxfn.X`` of docs/api/*.md."""
+    import yaml  # mkdocs's dependency
+
+    config = (ROOT / "mkdocs.yml").read_text()
+    default = re.search(r"^\s+filters: (\[.*\])\s*$", config, re.MULTILINE)
+    default_filters = yaml.safe_load(default.group(1)) if default else ["!^_[^_]"]
+    found = []
+    for page in sorted((DOCS / "api").glob("*.md")):
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            match = re.match(r"^::: (jaxfn\.\w+)\s*$", line)
+            if not match:
+                continue
+            block = []
+            for following in lines[i + 1 :]:
+                if following.strip() and not following.startswith(" "):
+                    break
+                block.append(following)
+            options = (yaml.safe_load("\n".join(block)) or {}).get("options", {}) if block else {}
+            found.append((page.name, match.group(1), options.get("filters", default_filters)))
+    return found
+
+
+def _shown(name, filters):
+    """Whether mkdocstrings shows a member of this name under these filters ("!regex" hides)."""
+    shown = True
+    for pattern in filters:
+        hide = pattern.startswith("!")
+        if re.search(pattern[1:] if hide else pattern, name):
+            shown = not hide
+    return shown
+
+
+def test_every_public_parameter_is_documented():
+    """Each function, method and class of the API pages documents every parameter of its signature
+    in Google style (Args:), and no docstring shown there is reStructuredText."""
+    griffe = pytest.importorskip("griffe", reason="griffe comes with the docs extra (pip install -e '.[docs]')")
+    package = griffe.load("jaxfn", search_paths=[str(ROOT)], docstring_parser="google")
+    objects = _api_objects()
+    assert {path for _, path, _ in objects} >= {f"jaxfn.{name}" for name in __import__("jaxfn").__all__}
+    problems = []
+    for page, path, filters in objects:
+        top = package[path.split(".", 1)[1]]
+        members = [top]
+        if top.is_class:
+            members += [m for name, m in top.members.items() if _shown(name, filters) and m.docstring is not None]
+        for obj in members:
+            where = f"api/{page}: {obj.path}"
+            text = obj.docstring.value if obj.docstring else ""
+            if REST_LEFTOVERS.search(text):
+                problems.append(f"{where}: reStructuredText in the docstring: {REST_LEFTOVERS.search(text).group(0)!r}")
+            if not obj.is_function:
+                continue
+            documented = {
+                item.name.lstrip("*")
+                for section in obj.docstring.parsed
+                if section.kind.value == "parameters"
+                for item in section.value
+            }
+            for parameter in obj.parameters:
+                if parameter.name not in ("self", "cls") and parameter.name not in documented:
+                    problems.append(f"{where}: parameter {parameter.name!r} is not in its Args")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_api_reference_reads_as_rendered_markdown(tmp_path):
+    """The built API pages show no reStructuredText markup and none of jaxfn's internals."""
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
+        pytest.skip("mkdocs or mkdocstrings is not installed (pip install -e '.[docs]')")
+    import html
+
+    done = build_site(tmp_path / "site")
+    assert done.returncode == 0, done.stdout + done.stderr
+    pages = sorted((tmp_path / "site" / "api").glob("*/index.html"))
+    assert len(pages) == len(list((DOCS / "api").glob("*.md")))
+    for page in pages:
+        article = re.search(r"<article\b.*?</article>", page.read_text(), re.DOTALL)
+        assert article, f"{page}: no <article>"
+        text = html.unescape(re.sub(r"<[^>]+>", "", article.group(0)))
+        name = page.parent.name
+        assert ":::" not in text, f"api/{name}: a mkdocstrings directive was left as text"
+        leftover = REST_LEFTOVERS.search(text)
+        assert not leftover, f"api/{name}: reStructuredText shown literally: {leftover.group(0)!r}"
+        for internal in INTERNALS:
+            assert internal not in text, f"api/{name}: the internal method {internal} is listed"
+        assert "Usage template:" not in text or name == "autograd_function"
+    reference = (tmp_path / "site" / "api" / "autograd_function" / "index.html").read_text()
+    assert re.search(r"Usage template:</p>\s*<div class=\"[^\"]*highlight\"", reference), "the template is not code"
+    for parameter in ("jvp", "vmap"):
+        row = rf"<td>\s*<code>{parameter}</code>\s*</td>"
+        assert re.search(row, reference), f"{parameter} is not in the Parameters table"
+
+
+GALLERY_PAGES = sorted(p for p in (DOCS / "gallery").glob("*.md") if p.name != "index.md")
+
+
+@pytest.mark.parametrize("path", GALLERY_PAGES, ids=_id)
+def test_every_gallery_page_opens_with_its_function_included_from_its_script(path):
+    """A gallery page shows the code its script measures, included so that it can't drift: its
+    first code block includes a section of ``examples/gallery/<page name>.py`` that exists there
+    (one start and one end marker) and builds a jaxfn function; the page names the script."""
+    script = f"examples/gallery/{path.stem.replace('-', '_')}.py"
+    assert (ROOT / script).is_file(), f"{_id(path)}: no script {script}"
+    text = path.read_text()
+    assert f"`{script}`" in text, f"{_id(path)}: the page does not name its script {script}"
+    first_block = re.search(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    assert first_block, f"{_id(path)}: no python block"
+    specs = [m.group(2) for line in first_block.group(1).splitlines() if (m := SNIPPET.match(line))]
+    assert specs and all(spec.startswith(f"{script}:") for spec in specs), (
+        f'{_id(path)}: the first block should include --8<-- "{script}:<section>", found {specs}'
+    )
+    code = "\n".join(line for spec in specs for line in included(spec))
+    assert "jaxfn.autograd_function(" in code, f"{_id(path)}: the included section builds no jaxfn function"
+
+
+def test_a_snippet_section_is_what_lies_between_its_markers(tmp_path, monkeypatch):
+    source = tmp_path / "x.py"
+    lines = ["a = 0", "# --8<-- [start:f]", "b = 1", "# --8<-- [start:g]", "c = 2"]
+    lines += ["# --8<-- [end:g]", "# --8<-- [end:f]"]
+    source.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert included("x.py:f") == ["b = 1", "c = 2"]
+    assert included("x.py:g") == ["c = 2"]
+    assert included("x.py") == ["a = 0", "b = 1", "c = 2"]
+    with pytest.raises(AssertionError, match="section 'h' needs one start and one end marker, found 0"):
+        included("x.py:h")

@@ -5,10 +5,15 @@ port the server picks itself), and each page is opened by Debian's Chromium (``-
 --dump-dom``: the page's DOM after it has loaded, scripts run). Every wait is bounded, the server
 and the browser are always stopped, and the browser's profile and home stay in the temporary
 folder. Skipped, saying why, where Chromium or mkdocs is missing.
+
+Layout is measured the same way: a copy of a page, beside it in the built site, ends with a script
+that, once the page has loaded in a 1280 px wide window, writes each code block's and table's
+widths (``scrollWidth`` against ``clientWidth``) into the DOM that Chromium dumps.
 """
 
 import html.parser
 import importlib.util
+import json
 import os
 import re
 import selectors
@@ -115,7 +120,7 @@ def site(tmp_path_factory):
         line = server.stdout.readline().decode()
         port = re.search(r"port (\d+)", line)
         assert port, f"the HTTP server said {line!r}"
-        yield f"http://127.0.0.1:{port.group(1)}/", log
+        yield f"http://127.0.0.1:{port.group(1)}/", log, tmp / "site"
     finally:
         server.terminate()
         try:
@@ -126,8 +131,9 @@ def site(tmp_path_factory):
         server.stdout.close()
 
 
-def _open(url, tmp_path):
-    """The page's DOM as headless Chromium has it once the page has loaded."""
+def _open(url, tmp_path, window=None):
+    """The page's DOM as headless Chromium has it once the page has loaded (``page.dom``: as text),
+    in a window of ``window`` (width, height) pixels where given."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     env = {
@@ -148,6 +154,7 @@ def _open(url, tmp_path):
             "--disable-background-networking",
             f"--user-data-dir={home / 'profile'}",
             f"--crash-dumps-dir={home / 'crashes'}",
+            *([f"--window-size={window[0]},{window[1]}"] if window else []),
             "--virtual-time-budget=5000",
             "--dump-dom",
             url,
@@ -165,13 +172,14 @@ def _open(url, tmp_path):
             browser.communicate(timeout=10)
     assert browser.returncode == 0, errors.decode(errors="replace")[-2000:]
     page = _Page()
-    page.feed(dom.decode())
+    page.dom = dom.decode()
+    page.feed(page.dom)
     return page
 
 
 @pytest.mark.slow
 def test_the_navigation_lists_the_pages(site, tmp_path):
-    base, _ = site
+    base, _, _ = site
     page = _open(base, tmp_path)
     assert "Getting started" in " ".join(page.text)
     missing = [title for title in NAV if title not in page.nav]
@@ -182,7 +190,7 @@ def test_the_navigation_lists_the_pages(site, tmp_path):
 
 @pytest.mark.slow
 def test_the_api_page_of_autograd_function_shows_its_signature(site, tmp_path):
-    base, _ = site
+    base, _, _ = site
     text = " ".join("".join(_open(base + "api/autograd_function/", tmp_path).text).split())
     assert re.search(r"autograd_function\( forward: Callable\[\.\.\., Any\], backward: Callable\[\.\.\., Any\],", text)
     for parameter in ("forward_mode: bool = False", "host: bool = False", "jit: bool = False", "-> AutogradFunction"):
@@ -198,7 +206,7 @@ def test_the_api_page_of_autograd_function_shows_its_signature(site, tmp_path):
     ],
 )
 def test_a_gallery_page_shows_its_plot(site, tmp_path, page, image):
-    base, log = site
+    base, log, _ = site
     images = [img for img in _open(base + page, tmp_path).images if img.get("src", "").endswith(image)]
     assert images, f"no <img> of {image} on {page}"
     assert images[0].get("alt"), "the plot has no alt text"
@@ -209,3 +217,68 @@ def test_a_gallery_page_shows_its_plot(site, tmp_path, page, image):
         assert response.status == 200
         assert response.headers["Content-Type"] == "image/png"
         assert response.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# Run in the page once it has loaded: every code block's and table's widths, and the page's, written
+# into the DOM as JSON (<pre id="jaxfn-layout">) for --dump-dom to carry out.
+_MEASURE = """
+<script>
+window.addEventListener("load", function () {
+  setTimeout(function () {
+    function wide(el) { return el.scrollWidth > el.clientWidth + 1; }
+    var column = document.querySelector(".md-content__inner").getBoundingClientRect();
+    var report = {blocks: [], tables: [], column: [column.left, column.right]};
+    document.querySelectorAll(".md-typeset pre > code").forEach(function (code) {
+      report.blocks.push({text: code.textContent.slice(0, 60), scroll: code.scrollWidth,
+                          client: code.clientWidth, overflows: wide(code) || wide(code.parentElement)});
+    });
+    document.querySelectorAll(".md-typeset table").forEach(function (table) {
+      var box = table.closest(".md-typeset__scrollwrap") || table.parentElement;
+      var right = table.getBoundingClientRect().right;
+      report.tables.push({text: table.textContent.trim().slice(0, 60), scroll: box.scrollWidth,
+                          client: box.clientWidth, overflows: wide(box) || wide(table) || right > column.right + 1});
+    });
+    report.page = {scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth};
+    var out = document.createElement("pre");
+    out.id = "jaxfn-layout";
+    out.textContent = JSON.stringify(report);
+    document.body.appendChild(out);
+  }, 50);
+});
+</script>
+"""
+
+
+def _layout(site, page, tmp_path, width=1280):
+    """The widths ``_MEASURE`` reports for ``page`` (a folder of the site: "", "faq/") in a window
+    ``width`` pixels wide: a copy of the page with the script appended is opened beside it."""
+    base, _, root = site
+    source = root / page / "index.html"
+    copy = root / page / "_layout.html"
+    copy.write_text(source.read_text().replace("</body>", _MEASURE + "</body>", 1))
+    try:
+        dom = _open(base + page + "_layout.html", tmp_path, window=(width, 900)).dom
+    finally:
+        copy.unlink()
+    found = re.search(r'<pre id="jaxfn-layout">(.*?)</pre>', dom, re.DOTALL)
+    assert found, f"the layout script did not report on {page or 'the home page'} (did the page load?)"
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "page, blocks",
+    [("", 5), ("faq/", 20), ("api/autograd_function/", 2), ("api/gradcheck/", 2), ("performance/", 1)],
+    ids=["home", "faq", "api-autograd_function", "api-gradcheck", "performance-tables"],
+)
+def test_no_code_block_or_table_overflows_at_1280_px(site, tmp_path, page, blocks):
+    """Long lines wrap (docs/stylesheets/extra.css) or are short: no code block scrolls sideways,
+    no table is wider than the text column, and the page itself is not wider than the window."""
+    layout = _layout(site, page, tmp_path)
+    page = page or "the home page"
+    assert len(layout["blocks"]) >= blocks, f"{page}: found {len(layout['blocks'])} code blocks, expected {blocks}"
+    wide = [b for b in layout["blocks"] if b["overflows"]]
+    assert not wide, f"{page}: {len(wide)} of {len(layout['blocks'])} code blocks overflow: {wide}"
+    wide = [t for t in layout["tables"] if t["overflows"]]
+    assert not wide, f"{page}: {len(wide)} of {len(layout['tables'])} tables overflow: {wide}"
+    assert layout["page"]["scroll"] <= layout["page"]["client"], f"{page}: the page scrolls sideways: {layout['page']}"

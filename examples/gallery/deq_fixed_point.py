@@ -12,17 +12,27 @@ iteration count while this one stays flat:
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import compiled, interleaved_medians, machine, markdown_table, mb, memory, ms
+from _gallery import (
+    Parser,
+    add_plot,
+    compiled,
+    interleaved_medians,
+    machine,
+    markdown_table,
+    mb,
+    memory,
+    ms,
+    positive_int,
+)
 from jax import lax
 
 import jaxfn
 
 
+# --8<-- [start:function]
 def _iterate(step, start, iterations):
     return lax.fori_loop(0, iterations, lambda _, z: step(z), start)
 
@@ -56,6 +66,7 @@ def _backward(ctx, grad_output):
 
 
 fixed_point = jaxfn.autograd_function(_forward, _backward, name="fixed_point")
+# --8<-- [end:function]
 
 
 def example_inputs(batch, width, features, contraction=0.5, seed=0, dtype=np.float32):
@@ -135,14 +146,18 @@ def plot(path, counts, series, title):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--features", type=int, default=64)
-    parser.add_argument("--iterations", type=int, nargs="+", default=[10, 100, 1000])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--plot", metavar="PNG", help="plot temporaries against iterations instead (compiled only)")
-    parser.add_argument("--plot-iterations", type=int, nargs="+", default=PLOT_ITERATIONS)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument("--batch", type=positive_int, default=64, help="rows of x")
+    parser.add_argument("--width", type=positive_int, default=256, help="size of z")
+    parser.add_argument("--features", type=positive_int, default=64, help="size of x")
+    parser.add_argument(
+        "--iterations", type=positive_int, nargs="+", default=[10, 100, 1000], help="fixed-point iterations, a row each"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=10, help="timed runs of each backward (the median)")
+    add_plot(parser, "instead of the table, plot temporaries against iterations (compiled only, nothing runs)")
+    parser.add_argument(
+        "--plot-iterations", type=positive_int, nargs="+", default=PLOT_ITERATIONS, help="the plot's iteration counts"
+    )
     a = parser.parse_args(argv)
     args = example_inputs(a.batch, a.width, a.features)
     if a.plot:

@@ -12,16 +12,15 @@ mode; ``forward_mode=True`` refuses it with an error, shown below:
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import machine, markdown_table
+from _gallery import Parser, machine, markdown_table, positive_float
 
 import jaxfn
 
 
+# --8<-- [start:function]
 def _forward(ctx, x, max_norm=1.0):
     ctx.save_for_backward(max_norm=max_norm)
     return x
@@ -39,6 +38,7 @@ def _backward(ctx, grad_output):
 
 clip_gradient = jaxfn.autograd_function(_forward, _backward, name="clip_gradient")
 clip_gradient_forward_mode = jaxfn.autograd_function(_forward, _backward, name="clip_gradient", forward_mode=True)
+# --8<-- [end:function]
 
 
 def regression(samples=6, features=4, outliers=(1, 4), seed=0):
@@ -93,8 +93,10 @@ def forward_mode_errors(max_norm):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-norm", type=float, default=25.0)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument(
+        "--max-norm", type=positive_float, default=25.0, help="largest norm of an example's cotangent passed on"
+    )
     a = parser.parse_args(argv)
     print(f"{machine()}\n")
     print(f"per-example cotangent norms at the layer, max_norm = {a.max_norm} (examples 1 and 4 have 100x targets)\n")

@@ -10,16 +10,15 @@ under ``jit`` and ``vmap``; a new value retraces, so pass an array if it changes
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import machine, markdown_table
+from _gallery import Parser, machine, markdown_table
 
 import jaxfn
 
 
+# --8<-- [start:function]
 def _forward(ctx, x, lambda_=1.0):
     ctx.save_for_backward(lambda_=lambda_)  # a static value: kept as is, not a residual
     return x
@@ -30,6 +29,7 @@ def _backward(ctx, grad_output):
 
 
 reverse_gradient = jaxfn.autograd_function(_forward, _backward, name="reverse_gradient")
+# --8<-- [end:function]
 
 
 def transform_rows(lambda_):
@@ -96,8 +96,8 @@ def dann_rows(lambdas):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lambda", dest="lambda_", type=float, default=0.5)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument("--lambda", dest="lambda_", type=float, default=0.5, help="the reversal's scale, lambda_")
     a = parser.parse_args(argv)
     print(f"{machine()}\n")
     print(f"x = [1, 2, 3], c = [1, 2, 3] (and [2, 4, 6], [-1, -2, -3] batched), lambda_ = {a.lambda_}\n")

@@ -26,12 +26,21 @@ log-sum-exp), at several vocabulary chunks; wall and CPU time, interleaved:
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import compiled, interleaved_wall_and_cpu, machine, markdown_table, mb, memory, ms
+from _gallery import (
+    Parser,
+    add_plot,
+    compiled,
+    interleaved_wall_and_cpu,
+    machine,
+    markdown_table,
+    mb,
+    memory,
+    ms,
+    positive_int,
+)
 from jax import lax
 
 import jaxfn
@@ -117,6 +126,7 @@ def _gradients(input, weight, targets, lse, scale, chunk, vocab_chunk, need_inpu
     return grad_input, grad_weight
 
 
+# --8<-- [start:function]
 def _forward(ctx, input, weight, targets, chunk=1024, vocab_chunk=500):
     # Blocks no larger than the arrays, so small inputs work with the defaults.
     chunk, vocab_chunk = min(chunk, input.shape[0]), min(vocab_chunk, weight.shape[0])
@@ -138,6 +148,7 @@ def _backward(ctx, grad_output):
 
 
 linear_cross_entropy = jaxfn.autograd_function(_forward, _backward, name="linear_cross_entropy")
+# --8<-- [end:function]
 
 
 def _chunk_loss(logits, targets):
@@ -337,21 +348,31 @@ def plot(path, vocabs, series, hidden, title):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--chunk", type=int, default=1024, help="jaxfn's token chunk")
-    parser.add_argument("--vocab-chunks", type=int, nargs="+", default=[500, 1000, 2000, 4000])
-    parser.add_argument("--token-chunk", type=int, default=128, help="the token-chunked scan's chunk")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument("--tokens", type=positive_int, default=2048, help="rows of the input")
+    parser.add_argument("--hidden", type=positive_int, default=256, help="columns of the input and the weight")
+    parser.add_argument("--vocab", type=positive_int, default=32000, help="rows of the weight")
+    parser.add_argument("--chunk", type=positive_int, default=1024, help="jaxfn's token chunk (divides --tokens)")
+    parser.add_argument(
+        "--vocab-chunks", type=positive_int, nargs="+", default=[500, 1000, 2000, 4000], help="each divides --vocab"
+    )
+    parser.add_argument("--token-chunk", type=positive_int, default=128, help="the token-chunked scan's chunk")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs of each contender (the median)")
     parser.add_argument("--small", action="store_true", help="tokens 512, hidden 64, vocab 4000, chunks 128/64")
     parser.add_argument("--memory-only", action="store_true", help="compile and report memory; run nothing")
-    parser.add_argument("--plot", metavar="PNG", help="also plot temporaries against vocabulary size (compiled only)")
-    parser.add_argument("--plot-vocabs", type=int, nargs="+", default=PLOT_VOCABS)
+    add_plot(parser, "also plot temporaries against vocabulary size (compiled only)")
+    parser.add_argument(
+        "--plot-vocabs", type=positive_int, nargs="+", default=PLOT_VOCABS, help="the plot's vocabulary sizes"
+    )
     a = parser.parse_args(argv)
     if a.small:
         a.tokens, a.hidden, a.vocab, a.chunk, a.token_chunk = 512, 64, 4000, 128, 64
+    # jaxfn's blocks shrink to fit small inputs; the scans' chunks must divide what they walk
+    token_chunks = [min(a.chunk, a.tokens), a.token_chunk]
+    for flag, size, chunks in [("--tokens", a.tokens, token_chunks), ("--vocab", a.vocab, a.vocab_chunks)]:
+        for chunk in chunks:
+            if size % chunk:
+                parser.error(f"{flag} {size} must be a multiple of every chunk of it, but {chunk} does not divide it")
     layout = {"chunk": a.chunk, "vocab_chunks": a.vocab_chunks, "token_chunk": a.token_chunk}
     results = measure(a.tokens, a.hidden, a.vocab, a.repeats, run=not a.memory_only, **layout)
     print(f"loss + gradient (input, weight), tokens {a.tokens}, hidden {a.hidden}, vocab {a.vocab}, float32")

@@ -11,16 +11,15 @@ bytes a ``jax.vjp`` pullback holds, and time), against plain autodiff and ``jax.
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import compiled, interleaved_medians, machine, markdown_table, mb, memory, ms
+from _gallery import Parser, compiled, interleaved_medians, machine, markdown_table, mb, memory, ms, positive_int
 
 import jaxfn
 
 
+# --8<-- [start:function]
 def _forward(ctx, x):
     ctx.save_for_backward(x=x)  # the input only; sigmoid(x) is recomputed in backward
     return x * jax.nn.sigmoid(x)
@@ -33,6 +32,7 @@ def _backward(ctx, grad_output):
 
 
 silu = jaxfn.autograd_function(_forward, _backward, name="silu")
+# --8<-- [end:function]
 
 
 def plain_silu(x):
@@ -80,11 +80,11 @@ def measure(batch, width, layers, repeats):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument("--batch", type=positive_int, default=1024, help="rows of the MLP's input")
+    parser.add_argument("--width", type=positive_int, default=512, help="width of every layer")
+    parser.add_argument("--layers", type=positive_int, default=4, help="layers of x @ W then SiLU")
+    parser.add_argument("--repeats", type=positive_int, default=10, help="timed runs of each contender (the median)")
     a = parser.parse_args(argv)
     rows = measure(a.batch, a.width, a.layers, a.repeats)
     print(f"gradient of an MLP, {a.layers} layers of x @ W then SiLU, batch {a.batch}, width {a.width}, float32")

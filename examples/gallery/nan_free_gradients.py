@@ -12,17 +12,16 @@ and finite at 0. A group-lasso regression started at zero shows what the NaN doe
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import machine, markdown_table
+from _gallery import Parser, machine, markdown_table, positive_int
 from jax.scipy.special import entr, xlogy
 
 import jaxfn
 
 
+# --8<-- [start:function]
 def _norm_forward(ctx, x):
     norm = jnp.sqrt(jnp.sum(x**2))
     ctx.save_for_backward(x=x, norm=norm)
@@ -49,6 +48,7 @@ def _xlogx_backward(ctx, grad_output):
 
 
 xlogx = jaxfn.autograd_function(_xlogx_forward, _xlogx_backward, name="xlogx")
+# --8<-- [end:function]
 
 
 def plain_norm(x):
@@ -117,8 +117,8 @@ def train(norm, steps=200, learning_rate=0.05):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument("--steps", type=positive_int, default=200, help="gradient-descent steps of the regression")
     a = parser.parse_args(argv)
     print(f"{machine()}\n")
     print(markdown_table(["function", "x", "f(x)", "jax.grad(f)(x)"], gradient_rows()))

@@ -12,16 +12,15 @@ and stays where it started with autodiff:
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import machine, markdown_table
+from _gallery import Parser, machine, markdown_table, positive_int
 
 import jaxfn
 
 
+# --8<-- [start:function]
 def plain_quantize(w, bits=4):
     levels = 2 ** (bits - 1) - 1
     return jnp.round(jnp.clip(w, -1, 1) * levels) / levels
@@ -49,6 +48,7 @@ def straight_through_backward(ctx, grad_output):
 
 quantize = jaxfn.autograd_function(_quantize_forward, straight_through_backward, name="quantize")
 binarize = jaxfn.autograd_function(_binarize_forward, straight_through_backward, name="binarize")
+# --8<-- [end:function]
 
 
 def circle_data(samples=512, seed=0):
@@ -129,10 +129,12 @@ def networks(bits):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bits", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=500)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument("--bits", type=positive_int, default=4, help="bits of the weight and bias grid (2 or more)")
+    parser.add_argument("--steps", type=positive_int, default=500, help="full-batch Adam steps per network")
     a = parser.parse_args(argv)
+    if a.bits < 2:
+        parser.error(f"argument --bits: must be 2 or more (1 bit leaves no grid level but 0), got {a.bits}")
     rows = []
     for name, quantizers in networks(a.bits).items():
         losses, final_accuracy = jax.jit(train, static_argnums=(0, 1))(quantizers, a.steps)

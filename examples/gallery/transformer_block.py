@@ -28,7 +28,6 @@ loss). Gradients are asserted equal across policies and to ``jax.grad`` of the p
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -40,12 +39,13 @@ except ImportError:  # not on Windows: no page-fault count there
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import compiled, machine, markdown_table, mb, memory, ms
+from _gallery import Parser, add_plot, compiled, machine, markdown_table, mb, memory, ms, positive_float, positive_int
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import jaxfn
 
+# --8<-- [start:function]
 EPS = 1e-5
 SQRT_2 = float(np.sqrt(2.0))
 SQRT_2PI = float(np.sqrt(2.0 * np.pi))
@@ -93,6 +93,7 @@ def _gelu_backward(ctx, grad_output):
 
 
 gelu = jaxfn.autograd_function(_gelu_forward, _gelu_backward, name="gelu")
+# --8<-- [end:function]
 
 
 def plain_layernorm(x, scale, bias):
@@ -108,6 +109,7 @@ def plain_gelu(x):
 # The block, the model and its training step
 
 
+# --8<-- [start:block]
 def make_block(norm, activation):
     def block(p, x):
         h = norm(x, p["scale"], p["bias"])
@@ -118,6 +120,7 @@ def make_block(norm, activation):
 
 
 block = make_block(layernorm, gelu)
+# --8<-- [end:block]
 plain_block = make_block(plain_layernorm, plain_gelu)
 
 _cp = jax.checkpoint_policies
@@ -393,15 +396,15 @@ def plot(rows, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16])
-    parser.add_argument("--steps", type=int, default=10, help="SGD steps per policy, the timing's repeats")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser = Parser(__file__, __doc__)
+    parser.add_argument("--tokens", type=positive_int, default=1024, help="rows of the block's input")
+    parser.add_argument("--d-model", type=positive_int, default=256, help="the model width (hidden: 4 times it)")
+    parser.add_argument("--depths", type=positive_int, nargs="+", default=[2, 4, 8, 16], help="blocks, a run each")
+    parser.add_argument("--steps", type=positive_int, default=10, help="SGD steps per policy, the timing's repeats")
+    parser.add_argument("--lr", type=positive_float, default=0.1, help="SGD learning rate")
     parser.add_argument("--offload", action="store_true", help="measure the offload policy on CPU too")
     parser.add_argument("--small", action="store_true", help="tokens 128, d_model 32, depths 2 4, 3 steps")
-    parser.add_argument("--plot", metavar="PATH", help="temporaries and step time against depth, as an image")
+    add_plot(parser, "temporaries and step time against depth")
     a = parser.parse_args(argv)
     if a.small:
         a.tokens, a.d_model, a.depths, a.steps = 128, 32, [2, 4], 3
