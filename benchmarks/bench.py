@@ -25,6 +25,8 @@ from jax import lax
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from seeds import D_IN, D_OUT, LR, H, make_custom_vjp_relu, make_jaxfn_relu, make_step, plain_relu  # noqa: E402
 
+import jaxfn  # noqa: E402
+
 CONTENDERS = {
     "jaxfn": make_jaxfn_relu,
     "jaxfn forward_mode": lambda: make_jaxfn_relu(True),
@@ -262,6 +264,60 @@ def torch_vs_jaxfn(repeats, steps=100):
     return {name: t / steps for name, t in interleaved(fns, repeats, 1).items()}, torch.__version__, device
 
 
+def _relu_jvp(ctx, t):
+    return jax.numpy.where(ctx.saved_variables.input < 0, 0, t)
+
+
+def _saving_relu_forward(ctx, input):
+    ctx.save_for_backward(input=input)
+    ctx.save_for_forward(input=input)
+    return jax.numpy.clip(input, min=0)
+
+
+def _relu_vmap(info, in_dims, x):
+    return jax.numpy.clip(x, min=0), in_dims[0]
+
+
+def make_builders():
+    """The tutorial's ReLU through every builder, and the hand-written custom_vjp."""
+    from seeds import _my_relu_backward
+
+    return {
+        "custom_vjp": make_custom_vjp_relu(),
+        "jaxfn": make_jaxfn_relu(),
+        "jaxfn forward_mode": make_jaxfn_relu(True),
+        "jaxfn jvp rule": jaxfn.autograd_function(
+            _saving_relu_forward, _my_relu_backward, name="my_relu", jvp=_relu_jvp
+        ),
+        "jaxfn vmap rule": jaxfn.autograd_function(
+            _saving_relu_forward, _my_relu_backward, name="my_relu", vmap=_relu_vmap
+        ),
+    }
+
+
+def dispatch(batch, repeats, number=300):
+    """A jitted training step (one SGD step) called from Python as a training loop calls it, per
+    builder: seconds per call, waiting for each result, and back to back."""
+    params, x, y = data(batch)
+    steps = {name: jax.jit(make_step(relu)) for name, relu in make_builders().items()}
+    for step in steps.values():
+        jax.block_until_ready(step(params, x, y))
+    waited = {name: (lambda s=s: jax.block_until_ready(s(params, x, y))) for name, s in steps.items()}
+
+    def back_to_back(step):
+        def run():
+            for _ in range(number - 1):
+                step(params, x, y)
+            jax.block_until_ready(step(params, x, y))
+
+        return run
+
+    result = {f"{name} waited": t for name, t in interleaved(waited, repeats, number).items()}
+    batched = interleaved({name: back_to_back(s) for name, s in steps.items()}, repeats, 1)
+    result.update({f"{name} back to back": t / number for name, t in batched.items()})
+    return result
+
+
 def us(seconds):
     return f"{seconds * 1e6:,.1f} us"
 
@@ -301,6 +357,25 @@ def main():
             f"{yes[same['jaxfn']]} / {yes[same['jaxfn forward_mode']]} / {yes[same['plain autodiff']]} |",
             flush=True,
         )
+
+    print("\n## 1b. Dispatch: one jitted training step called from Python, per call, every builder\n")
+    names = list(make_builders())
+    print("| batch | how | " + " | ".join(names) + " | " + " | ".join(f"{n} / custom_vjp" for n in names[1:]) + " |")
+    print("|---|---|" + "---|" * (2 * len(names) - 1))
+    results["dispatch"] = {}
+    for batch in (64,) if args.quick else (64, 1024):
+        t = dispatch(batch, repeats)
+        results["dispatch"][batch] = t
+        for how in ("waited", "back to back"):
+            r = [t[f"{n} {how}"] for n in names]
+            print(
+                f"| {batch} | {how} | "
+                + " | ".join(us(v) for v in r)
+                + " | "
+                + " | ".join(f"{v / r[0]:.2f}" for v in r[1:])
+                + " |",
+                flush=True,
+            )
 
     print("\n## 2. Trace + compile of one training step (fresh functions each repeat)\n")
     t = trace_and_compile(max(3, repeats // 2))

@@ -1,24 +1,35 @@
-"""``forward_mode=True``: one ``jax.custom_jvp`` whose tangent rule is the transpose of backward.
+"""Forward mode: one ``jax.custom_jvp`` whose tangents are the user's ``jvp`` or, with
+``forward_mode=True``, the transpose of backward; reverse mode is backward either way.
 
-A correct backward is linear in its cotangents, so its transpose is the forward-mode derivative.
-The gate rests on JAX's own transposition: jaxfn transposes backward with
-``jax.linear_transpose``, which fails on anything that is not linear in grad_output (``g * g``,
-``abs``, ``clip``, a comparison of ``g``, a ``while_loop`` JAX can't reverse), and adds the two
-checks JAX does not make (``_check_offset``):
+The tangents come out of ``_linear.tangents``, whose transpose is the user's backward, so where
+JAX transposes this rule (``jax.grad``, also under ``jax.checkpoint``) it runs backward itself:
+``forward_mode=True`` and a jvp rule never change what ``jax.grad`` returns.
 
+Derived tangents. A correct backward is linear in its cotangents, so its transpose is the
+forward-mode derivative. The gate rests on JAX's own transposition: jaxfn transposes backward
+with ``jax.linear_transpose``, which fails on anything that is not linear in grad_output
+(``g * g``, ``abs``, ``clip``, a comparison of ``g``, a ``while_loop`` JAX can't reverse), and
+adds the checks JAX does not make (``_check_offset``), where tangents are computed (never under
+``jax.grad``):
+
+* a cast of a value computed from grad_output to an integer or boolean dtype, which JAX
+  transposes to zero (a quantizer's ``g.astype(int)``);
 * a constant term: ``jax.linear_transpose`` transposes ``g + c`` as if ``c`` were not there, so
-  backward at zero cotangents (its offset) must be zero. Where forward's saved values are
-  concrete (no outer ``jit``), the offset is computed on them; in every case it is also computed
-  on probe values standing in for the saved arrays (seeded normal values, their negation, ones),
-  so a term that does not vanish for every value of them is refused under ``jit`` as eagerly;
-* a backward that ignores grad_output and returns a non-zero constant: the same check.
+  backward at zero cotangents (its offset) must be zero (an infinite derivative, ``0 * inf``, is
+  no constant term). Where forward's saved values are concrete (no outer ``jit``), the offset is
+  computed on them; unless backward calls back into Python (``pure_callback``,
+  ``debug.callback``: never run on made-up values), it is also computed on probe values standing
+  in for the saved arrays (seeded normal values, their negation, ones), so a term that does not
+  vanish for every value of them is refused under ``jit`` as eagerly.
 
 What the probes can't see: an offset that is zero for each probe value and non-zero for the
 real ones (``g + relu(r - 100)`` under ``jit``), which is a backward that is wrong for some
 inputs and not for others; the README names it. Nested jaxfn functions that backward calls on
 grad_output are transposed through their forward's operations (``_rule.plain_forward``), as
-their value is what backward computes. JAX's reverse mode transposes the tangent rule back,
-which gives exactly the user's backward: ``jax.grad`` keeps the user's gradients.
+their value is what backward computes; in reverse mode they keep their own backward.
+
+The user's jvp reads a context from forward run again on the primals (the tangent map's
+residuals), so nothing crosses into it from the trace that made it.
 """
 
 from __future__ import annotations
@@ -34,10 +45,10 @@ from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import ClosedJaxpr, Jaxpr, Var, jaxpr_as_fun
 
-from . import _arguments, _jax_private, _linear, _rule, _saves
+from . import _arguments, _context, _jax_private, _linear, _rule, _saves
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
-from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
 from ._outputs import Outputs
 
 # What JAX raises when a function needs concrete values of a traced array.
@@ -85,11 +96,23 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
             for i, ct in zip(outs, cotangents):
                 if ct is not None:
                     per_output[i] = ct
-            backward_ctx = Context.from_residuals(list(residuals), remainder)
+            backward_ctx = Context.from_residuals(list(residuals[len(primals) :]), remainder)
             cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed)
             return [cts[i] for i in wanted]
 
-        def forward(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
+        def user_jvp(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
+            """The tangent map: the user's jvp, on a context from forward run again on the primals."""
+            again = residuals[: len(primals)]
+            jvp_ctx, _, again_info = _rule.run_forward(definition, args, again, perturbed)
+            full: list[Any] = [None] * len(primals)
+            for i, t in zip(wanted, given):
+                full[i] = t
+            handed = tangents_by_slot(args, again, full, jvp_ctx.materialize_grads)
+            jvp = definition.jvp
+            assert jvp is not None  # chosen only with a jvp rule
+            return out_tangents(definition.name, again_info, jvp(_context.for_jvp(jvp_ctx), *handed))
+
+        def derived(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: backward transposed, gated (its checks run where tangents are made)."""
             pullback = _pullback(backward, primals, wanted)
             examples = [_rule.zeros_like(out[i]) for i in outs]
@@ -99,10 +122,12 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
                 _check_offset(definition.name, lambda *c: pullback(residuals, c), examples, names)
             return list(out_tangents)
 
-        out_tangents = _linear.tangents(
-            definition.name, forward, backward, tuple(saved), tuple(tangents[i] for i in wanted), [out[i] for i in outs]
-        )
-        return tuple(out), tuple(_all_tangents(info, outs, out_tangents))
+        # the primals (what the user's jvp runs forward on again) and the saved arrays (backward's)
+        residuals = (*primals, *saved)
+        tangent_map = derived if definition.jvp is None else user_jvp
+        given = tuple(tangents[i] for i in wanted)
+        computed = _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
+        return tuple(out), tuple(_all_tangents(info, outs, computed))
 
     primal.defjvp(jvp, symbolic_zeros=True)
 
@@ -280,3 +305,91 @@ def _all_tangents(info: Outputs, outs: list[int], out_tangents: Any) -> list[Any
         else:
             tangents.append(np.zeros(aval.shape, jax.dtypes.float0))
     return tangents
+
+
+def tangents_by_slot(args: Arguments, primals: tuple[Any, ...], tangents: list[Any], materialize: bool) -> list[Any]:
+    """One tangent per argument (PyTorch's count: each ``*args`` element apart), in the argument's
+    structure: the tangent of each float/complex leaf (zeros where JAX differentiates nothing, or
+    None with ``ctx.set_materialize_grads(False)``), None for every other leaf."""
+    leaves: list[Any] = [None] * len(args.kinds)
+    for position, primal, tangent in zip(args.array_positions, primals, tangents):
+        if args.kinds[position] != DIFF:
+            continue
+        if tangent is None and materialize:
+            tangent = jnp.zeros(jnp.shape(primal), primal.dtype)
+        leaves[position] = tangent
+    values = jax.tree_util.tree_unflatten(args.treedef, leaves)
+    return [values[p] if i is None else values[p][i] for p, i in args.slots]
+
+
+def out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
+    """The user's jvp result, one tangent per differentiable output array, checked."""
+    leaves = per_output_leaf(name, info, returned, "jvp", "tangent")
+    tangents = []
+    array_leaves = [leaf for leaf, is_array in zip(leaves, info.is_array) if is_array]
+    for index, (tangent, aval, differentiable) in enumerate(zip(array_leaves, info.avals, info.differentiable)):
+        if not differentiable:
+            continue
+        if tangent is None:
+            tangents.append(jnp.zeros(aval.shape, aval.dtype))
+            continue
+        if not isinstance(tangent, (jax.Array, np.ndarray, np.generic, int, float, complex)):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"jvp must return one tangent per output, an array, but for output {index} it returned "
+                f"{type_name(tangent)}; return an array shaped as that output (or None for a zero tangent)",
+            )
+        dtype = jnp.result_type(tangent)
+        if jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"jvp must return one tangent per output, of the output's dtype, but the tangent of output {index} "
+                f"is {dtype} where the output is real ({aval.dtype}), so its imaginary part would be lost; return a "
+                "real tangent for a real output",
+            )
+        shape = jnp.shape(tangent)
+        if shape != tuple(aval.shape):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"jvp must return one tangent per output, of the output's shape, but the tangent of output {index} "
+                f"has shape {shape} where the output has {tuple(aval.shape)}; return a tangent shaped as forward's "
+                "output",
+            )
+        tangents.append(jnp.asarray(tangent, aval.dtype))
+    return tangents
+
+
+def per_output_leaf(name: str, info: Outputs, returned: Any, role: str, what: str) -> list[Any]:
+    """``returned`` (one value per output, in forward's output structure; None for a whole
+    output) as one value per output leaf."""
+    if info.is_sequence:
+        children = info.treedef.children()
+        if not isinstance(returned, (tuple, list)) or len(returned) != len(children):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"forward returns {len(children)} outputs, so {role} must return a tuple of {len(children)} "
+                f"{what}s (None for an output without one), but it returned {type_name(returned)}"
+                + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""),
+            )
+        parts = zip(children, returned)
+    else:
+        parts = zip([info.treedef], [returned])
+    leaves: list[Any] = []
+    for index, (treedef, value) in enumerate(parts):
+        if value is None:
+            leaves.extend([None] * treedef.num_leaves)
+            continue
+        try:
+            leaves.extend(treedef.flatten_up_to(value))
+        except (TypeError, ValueError):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"{role}'s {what} for output {index} must have that output's structure ({treedef}), but it is "
+                f"{type_name(value)}; return {what}s in the structure forward returns",
+            ) from None
+    return leaves

@@ -89,9 +89,7 @@ class AutogradFunction:
         self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
         _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
-        self._primitive = jvp is not None or vmap is not None  # built on a hijax primitive (_primitive)
-        if self._primitive:
-            _primitive.require(self.name)
+        self._primitive = vmap is not None  # built on a hijax primitive (_primitive)
         self._host = _host.HostFunction(self._definition, output) if host else None
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
@@ -137,7 +135,8 @@ class AutogradFunction:
             return _primitive.build(definition, args, self._host, self.forward_mode)
         if self._host is not None:
             return self._host.build(args)
-        return (_forward_mode.build if self.forward_mode else _reverse_mode.build)(definition, args)
+        forward_mode = self.forward_mode or definition.jvp is not None  # derived, or the user's jvp
+        return (_forward_mode.build if forward_mode else _reverse_mode.build)(definition, args)
 
     def outputs(self, *args: Any, **kwargs: Any) -> _outputs.Outputs:
         """For a call, the description of forward's output (which leaves are arrays, which carry a

@@ -1,11 +1,11 @@
-"""Builder for functions with a user ``jvp`` or ``vmap`` rule: one JAX hijax primitive per call
-structure, carrying reverse mode, forward mode and batching rules together.
+"""Builder for functions with a user ``vmap`` rule: one JAX hijax primitive per call structure,
+carrying reverse mode, forward mode and batching rules together.
 
-``jax.custom_vjp`` can carry a backward only; JAX's hijax primitive (``VJPHiPrimitive`` in jax
-0.10 and 0.11, ``HiPrim`` from 0.12, both in ``jax.experimental.hijax``) holds an implementation
-(``expand``), reverse mode (``vjp_fwd``/``vjp_bwd_retval``), forward mode (``jvp``,
-``lin``/``linearized``) and batching (``batch``) in one primitive. This module is the only one
-that imports it, and where JAX versions differ it is here.
+``jax.custom_vjp`` can carry a backward only, and ``jax.custom_jvp`` batches forward's own
+operations; JAX's hijax primitive (``jax.experimental.hijax``, named in ``_jax_private``) holds
+an implementation (``expand``), reverse mode (``vjp_fwd``/``vjp_bwd_retval``), forward mode
+(``jvp``, ``lin``/``linearized``) and batching (``batch``) in one primitive. Functions with a
+``jvp`` rule and no ``vmap`` rule are ``_forward_mode``'s.
 
 The rules, each on one call's flat arrays (``_Rules``):
 
@@ -15,14 +15,16 @@ The rules, each on one call's flat arrays (``_Rules``):
   ``host=True``, the host builder's ``jax.custom_vjp`` differentiated by ``jax.vjp``;
 * ``jvp``: the user's ``jvp(ctx, *tangents)``, reading what forward saved with
   ``ctx.save_for_forward``; or, with ``forward_mode=True``, ``_forward_mode``'s derived rule
-  through ``jax.jvp``; or none (forward mode refused in jaxfn's words);
+  through ``jax.jvp``; or none (forward mode refused in jaxfn's words). Its tangents go through
+  ``_linear``, whose transpose is ``fwd``/``bwd``: where JAX transposes the jvp (``jax.grad``
+  under ``jax.checkpoint``), reverse mode is still backward;
 * ``vmap``: the user's ``vmap(info, in_dims, *args)``; without one, the batched call is a new
   primitive whose rules are the rules above under ``jax.vmap`` (JAX batches forward, backward
   and jvp's operations; gradients of a batched call still come from backward).
 
-Where a rule runs on another trace's tracers (``jax.hessian``: forward mode over reverse), its
-output is the primitive applied again, so that the outer trace differentiates it through these
-rules too; its residuals are the rule's own operations, differentiated as plain JAX code.
+Where a rule runs on another trace's tracers (``jax.hessian``, ``jax.grad`` of ``jax.grad``),
+its output, and each saved value that is an output, is the primitive applied again, so that
+the outer trace differentiates it through these rules too.
 """
 
 from __future__ import annotations
@@ -38,30 +40,13 @@ import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
-from . import _arguments, _context, _forward_mode, _linear, _reverse_mode, _rule
+from . import _arguments, _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._outputs import Outputs
 
-try:  # experimental JAX API: the class moved between versions (see the module docstring)
-    from jax.experimental import hijax as _hijax
-
-    _BASE: Any = getattr(_hijax, "HiPrim", None) or getattr(_hijax, "VJPHiPrimitive", None)
-    _Zero: Any = _hijax.Zero
-    _ShapedArray: Any = _hijax.ShapedArray
-except ImportError:  # pragma: no cover - a JAX without hijax primitives
-    _BASE = _Zero = _ShapedArray = None
-
-NEEDED = (
-    "it has a jvp or vmap rule, which jaxfn builds on JAX's hijax primitive "
-    "(jax.experimental.hijax.VJPHiPrimitive, from jax 0.10), but this JAX ({version}) has none; upgrade JAX"
-)
-
-
-def require(name: str) -> None:
-    """Refuse a function with a ``jvp`` or ``vmap`` rule where this JAX has no hijax primitive."""
-    if _BASE is None:
-        raise error(AutogradFunctionTypeError, name, NEEDED.format(version=jax.__version__))
+# jax.experimental.hijax's names, kept with their JAX versions in _jax_private
+_BASE, _Zero, _ShapedArray = _jax_private.HI_PRIMITIVE, _jax_private.HI_ZERO, _jax_private.SHAPED_ARRAY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,97 +89,93 @@ class _Identity:
         return self.name
 
 
-if _BASE is not None:
+class _Primitive(_BASE):
+    """One call structure's primitive; the rules are ``_Rules``."""
 
-    class _Primitive(_BASE):
-        """One call structure's primitive; the rules are ``_Rules``."""
+    def __init__(self, rules: _Rules, in_avals: tuple[Any, ...], out_avals: tuple[Any, ...]):
+        self.in_avals = tuple(in_avals)
+        self.out_aval = tuple(out_avals)
+        self.params = {"jaxfn": _Identity(rules.name)}
+        self.rules = rules
+        super().__init__()
 
-        def __init__(self, rules: _Rules, in_avals: tuple[Any, ...], out_avals: tuple[Any, ...]):
-            self.in_avals = tuple(in_avals)
-            self.out_aval = tuple(out_avals)
-            self.params = {"jaxfn": _Identity(rules.name)}
-            self.rules = rules
-            super().__init__()
+    def expand(self, *arrays: Any) -> tuple[Any, ...]:
+        return tuple(self.rules.primal(*arrays))
 
-        def expand(self, *arrays: Any) -> tuple[Any, ...]:
-            return tuple(self.rules.primal(*arrays))
+    def vjp_fwd(self, perturbed: Any, *arrays: Any) -> tuple[Any, Any]:
+        again = None  # on an outer trace's tracers: the outputs (and saved outputs) are this primitive again
+        if any(isinstance(a, Tracer) for a in arrays):
+            again = lambda out: tuple(self(*arrays))
+        out, residuals = self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays, again=again)
+        return tuple(out), residuals
 
-        def vjp_fwd(self, perturbed: Any, *arrays: Any) -> tuple[Any, Any]:
-            again = None  # on an outer trace's tracers: the outputs (and saved outputs) are this primitive again
-            if any(isinstance(a, Tracer) for a in arrays):
-                again = lambda out: tuple(self(*arrays))
-            out, residuals = self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays, again=again)
-            return tuple(out), residuals
+    def vjp_bwd_retval(self, residuals: Any, cotangents: Any) -> tuple[Any, ...]:
+        cts = [SymbolicZero(None) if isinstance(c, _Zero) else c for c in cotangents]  # type: ignore[arg-type]
+        grads = self.rules.bwd(residuals, cts)
+        return tuple(_zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
 
-        def vjp_bwd_retval(self, residuals: Any, cotangents: Any) -> tuple[Any, ...]:
-            cts = [SymbolicZero(None) if isinstance(c, _Zero) else c for c in cotangents]  # type: ignore[arg-type]
-            grads = self.rules.bwd(residuals, cts)
-            return tuple(_zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
+    def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
+        # the tangents through _linear: where JAX transposes them (jax.grad under jax.checkpoint),
+        # the transpose is backward, never the jvp rule's own operations
+        rules, primals = self.rules, tuple(primals)
+        perturbed = tuple(not isinstance(t, _Zero) for t in tangents)
+        which = [i for i, p in enumerate(perturbed) if p]
+        outs = [i for i, d in enumerate(rules.out_diff) if d]
 
-        def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
-            # the tangents through _linear: where JAX transposes them (jax.grad under jax.checkpoint),
-            # the transpose is backward, never the jvp rule's own operations
-            rules, primals = self.rules, tuple(primals)
-            perturbed = tuple(not isinstance(t, _Zero) for t in tangents)
-            which = [i for i, p in enumerate(perturbed) if p]
-            outs = [i for i, d in enumerate(rules.out_diff) if d]
+        def forward(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
+            full: list[Any] = [None] * len(residuals)
+            for i, t in zip(which, given):
+                full[i] = t
+            return list(rules.jvp(perturbed, residuals, full)[1])
 
-            def forward(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
-                full: list[Any] = [None] * len(residuals)
-                for i, t in zip(which, given):
-                    full[i] = t
-                return list(rules.jvp(perturbed, residuals, full)[1])
+        def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
+            cts: list[Any] = [SymbolicZero(None)] * len(self.out_aval)  # type: ignore[arg-type]
+            for i, ct in zip(outs, cotangents):
+                if ct is not None:
+                    cts[i] = ct
+            grads = rules.bwd(rules.fwd(perturbed, *residuals)[1], cts)
+            return [grads[i] for i in which]
 
-            def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
-                cts: list[Any] = [SymbolicZero(None)] * len(self.out_aval)  # type: ignore[arg-type]
-                for i, ct in zip(outs, cotangents):
-                    if ct is not None:
-                        cts[i] = ct
-                grads = rules.bwd(rules.fwd(perturbed, *residuals)[1], cts)
-                return [grads[i] for i in which]
+        given = tuple(tangents[i] for i in which)
+        computed = iter(
+            _linear.tangents(rules.name, forward, backward, primals, given, [self.out_aval[i] for i in outs])
+        )
+        out_tangents = [next(computed) if d else _Zero(_tangent_aval(a)) for d, a in zip(rules.out_diff, self.out_aval)]
+        return self._again(primals, None), tuple(out_tangents)
 
-            given = tuple(tangents[i] for i in which)
-            computed = iter(
-                _linear.tangents(rules.name, forward, backward, primals, given, [self.out_aval[i] for i in outs])
-            )
-            out_tangents = [
-                next(computed) if d else _Zero(_tangent_aval(a)) for d, a in zip(rules.out_diff, self.out_aval)
-            ]
-            return self._again(primals, None), tuple(out_tangents)
+    def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
+        # jax.linearize: the tangent function is the jvp rule on the primals, kept as residuals
+        if not self.rules.forward_mode:  # refused now, not when the tangent function runs
+            raise error(AutogradFunctionTypeError, self.rules.name, _rule.FORWARD_MODE_HELP)
+        return self._again(primals, None), tuple(primals)
 
-        def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
-            # jax.linearize: the tangent function is the jvp rule on the primals, kept as residuals
-            if not self.rules.forward_mode:  # refused now, not when the tangent function runs
-                raise error(AutogradFunctionTypeError, self.rules.name, _rule.FORWARD_MODE_HELP)
-            return self._again(primals, None), tuple(primals)
+    def linearized(self, primals: Any, *tangents: Any) -> tuple[Any, ...]:
+        return self.jvp(primals, tangents)[1]
 
-        def linearized(self, primals: Any, *tangents: Any) -> tuple[Any, ...]:
-            return self.jvp(primals, tangents)[1]
+    def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
+        size = axis_data.size
+        if all(d is None for d in dims):  # JAX may ask even when nothing is batched
+            return self(*arrays), (None,) * len(self.out_aval)
+        if self.rules.vmap is not None:
+            return self.rules.vmap(size, tuple(dims), *arrays)
+        vmap = functools.partial(
+            jax.vmap,
+            axis_size=size,
+            axis_name=getattr(axis_data, "name", None),
+            spmd_axis_name=getattr(axis_data, "spmd_name", None),
+        )
+        batched = _batched_rules(self.rules, tuple(dims), vmap)
+        in_avals = tuple(a if d is None else _batched_aval(a, size) for a, d in zip(self.in_avals, dims))
+        out_avals = tuple(_batched_aval(a, size) for a in self.out_aval)
+        front = tuple(a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, dims))
+        out = _Primitive(batched, in_avals, out_avals)(*front)
+        return out, (0,) * len(out)
 
-        def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
-            size = axis_data.size
-            if all(d is None for d in dims):  # JAX may ask even when nothing is batched
-                return self(*arrays), (None,) * len(self.out_aval)
-            if self.rules.vmap is not None:
-                return self.rules.vmap(size, tuple(dims), *arrays)
-            vmap = functools.partial(
-                jax.vmap,
-                axis_size=size,
-                axis_name=getattr(axis_data, "name", None),
-                spmd_axis_name=getattr(axis_data, "spmd_name", None),
-            )
-            batched = _batched_rules(self.rules, tuple(dims), vmap)
-            in_avals = tuple(a if d is None else _batched_aval(a, size) for a, d in zip(self.in_avals, dims))
-            out_avals = tuple(_batched_aval(a, size) for a in self.out_aval)
-            front = tuple(a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, dims))
-            out = _Primitive(batched, in_avals, out_avals)(*front)
-            return out, (0,) * len(out)
-
-        def _again(self, arrays: Any, out: Any) -> tuple[Any, ...]:
-            """The output: the rule's own, or, on an outer trace's tracers, this primitive again."""
-            if out is None or any(isinstance(a, Tracer) for a in arrays):
-                return tuple(self(*arrays))
-            return tuple(out)
+    def _again(self, arrays: Any, out: Any) -> tuple[Any, ...]:
+        """The output: the rule's own, or, on an outer trace's tracers, this primitive again."""
+        if out is None or any(isinstance(a, Tracer) for a in arrays):
+            return tuple(self(*arrays))
+        return tuple(out)
 
 
 def _batched_aval(aval: Any, size: int) -> Any:
@@ -243,7 +224,7 @@ def _zeros(aval: Any) -> Any:
 
 
 def _tangent_aval(aval: Any) -> Any:
-    return aval.to_tangent_aval() if hasattr(aval, "to_tangent_aval") else aval.at_least_vspace()
+    return aval.to_tangent_aval()
 
 
 def build(
@@ -279,8 +260,8 @@ def build(
         jvp = _user_jvp(definition, args)
     elif forward_mode:
         jvp = _through_jvp(_forward_mode.build(definition, args), infos)
-    else:  # JAX's own custom_vjp: transposed under jax.grad of jax.checkpoint, refused by jax.jvp
-        jvp = _through_jvp(host_call if host is not None else _reverse_mode.build(definition, args), infos)
+    else:  # no forward mode: refused where a tangent is computed (reverse mode never computes one)
+        jvp = _refuse_forward_mode(name)
     has_forward_mode = definition.jvp is not None or forward_mode
     vmap = _user_vmap(definition, args, infos) if definition.vmap is not None else None
 
@@ -363,99 +344,18 @@ def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., An
     def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> tuple[Any, Any]:
         ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
         view = _context.for_jvp(ctx)
-        handed = _tangents_by_slot(args, primals, tangents, ctx.materialize_grads)
+        handed = _forward_mode.tangents_by_slot(args, primals, tangents, ctx.materialize_grads)
         returned = jvp(view, *handed)
-        return tuple(out), _out_tangents(name, info, returned)
+        return tuple(out), _forward_mode.out_tangents(name, info, returned)
 
     return rule
 
 
-def _tangents_by_slot(args: Arguments, primals: tuple[Any, ...], tangents: list[Any], materialize: bool) -> list[Any]:
-    """One tangent per argument (PyTorch's count: each ``*args`` element apart), in the argument's
-    structure: the tangent of each float/complex leaf (zeros where JAX differentiates nothing, or
-    None with ``ctx.set_materialize_grads(False)``), None for every other leaf."""
-    leaves: list[Any] = [None] * len(args.kinds)
-    for position, primal, tangent in zip(args.array_positions, primals, tangents):
-        if args.kinds[position] != DIFF:
-            continue
-        if tangent is None and materialize:
-            tangent = jnp.zeros(jnp.shape(primal), primal.dtype)
-        leaves[position] = tangent
-    values = jax.tree_util.tree_unflatten(args.treedef, leaves)
-    return [values[p] if i is None else values[p][i] for p, i in args.slots]
+def _refuse_forward_mode(name: str) -> Callable[..., Any]:
+    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> Any:
+        raise error(AutogradFunctionTypeError, name, _rule.FORWARD_MODE_HELP)
 
-
-def _out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
-    """The user's jvp result, one tangent per differentiable output array, checked."""
-    leaves = _per_output_leaf(name, info, returned, "jvp", "tangent")
-    tangents = []
-    array_leaves = [leaf for leaf, is_array in zip(leaves, info.is_array) if is_array]
-    for index, (tangent, aval, differentiable) in enumerate(zip(array_leaves, info.avals, info.differentiable)):
-        if not differentiable:
-            continue
-        if tangent is None:
-            tangents.append(jnp.zeros(aval.shape, aval.dtype))
-            continue
-        if not isinstance(tangent, (jax.Array, np.ndarray, np.generic, int, float, complex)):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"jvp must return one tangent per output, an array, but for output {index} it returned "
-                f"{type_name(tangent)}; return an array shaped as that output (or None for a zero tangent)",
-            )
-        dtype = jnp.result_type(tangent)
-        if jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"jvp must return one tangent per output, of the output's dtype, but the tangent of output {index} "
-                f"is {dtype} where the output is real ({aval.dtype}), so its imaginary part would be lost; return a "
-                "real tangent for a real output",
-            )
-        shape = jnp.shape(tangent)
-        if shape != tuple(aval.shape):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"jvp must return one tangent per output, of the output's shape, but the tangent of output {index} "
-                f"has shape {shape} where the output has {tuple(aval.shape)}; return a tangent shaped as forward's "
-                "output",
-            )
-        tangents.append(jnp.asarray(tangent, aval.dtype))
-    return tangents
-
-
-def _per_output_leaf(name: str, info: Outputs, returned: Any, role: str, what: str) -> list[Any]:
-    """``returned`` (one value per output, in forward's output structure; None for a whole
-    output) as one value per output leaf."""
-    if info.is_sequence:
-        children = info.treedef.children()
-        if not isinstance(returned, (tuple, list)) or len(returned) != len(children):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"forward returns {len(children)} outputs, so {role} must return a tuple of {len(children)} "
-                f"{what}s (None for an output without one), but it returned {type_name(returned)}"
-                + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""),
-            )
-        parts = zip(children, returned)
-    else:
-        parts = zip([info.treedef], [returned])
-    leaves: list[Any] = []
-    for index, (treedef, value) in enumerate(parts):
-        if value is None:
-            leaves.extend([None] * treedef.num_leaves)
-            continue
-        try:
-            leaves.extend(treedef.flatten_up_to(value))
-        except (TypeError, ValueError):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"{role}'s {what} for output {index} must have that output's structure ({treedef}), but it is "
-                f"{type_name(value)}; return {what}s in the structure forward returns",
-            ) from None
-    return leaves
+    return rule
 
 
 def _through_jvp(derived: Callable[..., Any], infos: list[Outputs]) -> Callable[..., Any]:
@@ -511,11 +411,11 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, infos: list[Output
                 f"output, but it returned {type_name(out_dims)} {out_dims!r}; return the int itself (for instance "
                 "0, not (0,))",
             )
-        out_leaves = _per_output_leaf(name, info, out, "vmap", "output")
+        out_leaves = _forward_mode.per_output_leaf(name, info, out, "vmap", "output")
         if out_dims is None or isinstance(out_dims, int):
             dim_leaves = [out_dims] * len(out_leaves)
         else:
-            dim_leaves = _per_output_leaf(name, info, out_dims, "vmap", "out_dim")
+            dim_leaves = _forward_mode.per_output_leaf(name, info, out_dims, "vmap", "out_dim")
         arrays_out, dims_out = [], []
         for index, (leaf, dim, is_array) in enumerate(zip(out_leaves, dim_leaves, info.is_array)):
             if not is_array:

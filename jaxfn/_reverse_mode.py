@@ -106,11 +106,12 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         again = None
         if any(isinstance(a, Tracer) for a in arrays):  # an outer differentiation goes through backward
             if _jax_private.custom_vjp3():  # JAX's hijax custom_vjp refuses the jvp that the tie needs
-                again = lambda out: tied()(tuple(arrays), tuple(out))
+                # out's own derivative (forward's operations) is never used: stopped, so never traced
+                again = lambda out: tied()(tuple(arrays), tuple(jax.lax.stop_gradient(o) for o in out))
             else:
                 again = lambda out: _tie.tie(primal, tuple(arrays), tuple(out))
         out, info, residuals = forward(arrays, [p.perturbed for p in primals], again)  # its trace's token first
-        if primal_infos and not primal_infos[-1].same_as(info):
+        if primal_infos and not primal_infos[-1].same_arrays_as(info):
             raise error(AutogradFunctionTypeError, definition.name, OUTPUT_DIFFERS)
         infos.append(info)
         return tuple(out), residuals

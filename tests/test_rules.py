@@ -16,7 +16,6 @@ import pytest
 from seeds import run_on_8_devices
 
 import jaxfn
-from jaxfn import _primitive
 
 X = jnp.array([0.5, -1.25, 2.0])
 XS = jnp.array([[0.5, -1.25, 2.0], [1.5, 0.25, -0.75]])
@@ -520,12 +519,6 @@ def test_vmap_with_generate_vmap_rule_is_an_error():
 def test_bad_rule_options(options, message):
     with pytest.raises(jaxfn.AutogradFunctionError, match=message):
         jaxfn.autograd_function(_fwd, _bwd, name="f", **options)
-
-
-def test_a_jax_without_hijax_primitives_is_named(monkeypatch):
-    monkeypatch.setattr(_primitive, "_BASE", None)
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': it has a jvp or vmap rule.*upgrade JAX"):
-        jaxfn.autograd_function(_fwd, _bwd, jvp=lambda ctx, t: t, name="f")
 
 
 def test_forward_mode_without_a_jvp_rule_is_refused_in_jaxfn_words():
