@@ -32,6 +32,7 @@ from jax.tree_util import (
     tree_unflatten,
 )
 
+from . import _jax_private
 from ._errors import AutogradFunctionTypeError, error, type_name
 
 DIFF, ARRAY, STATIC = "differentiable", "array", "static"
@@ -53,8 +54,8 @@ def dtype_kind(dtype: Any) -> str:
 
 
 def _classify(dtype: Any) -> str:
-    if jnp.issubdtype(dtype, jax.dtypes.extended):  # typed PRNG keys
-        return ARRAY
+    if jnp.issubdtype(dtype, jax.dtypes.extended):  # JAX's own tangent types decide: a PRNG key has none,
+        return DIFF if _jax_private.has_tangent(dtype) else ARRAY  # Flax's fp8 fm32 scales are their own
     if jnp.issubdtype(dtype, jnp.inexact):  # JAX's lattice knows the ml_dtypes floats
         return DIFF
     if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):

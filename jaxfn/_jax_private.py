@@ -173,3 +173,13 @@ def calls_back(jaxpr: Any) -> bool:
                 if hasattr(inner, "eqns") and calls_back(inner):
                     return True
     return False
+
+
+# The dtype of a value's tangent (jax._src.core; public only through an array's aval): float0 for
+# values JAX never differentiates (integers, PRNG keys), itself for Flax's fp8 fm32 scales.
+from jax._src.core import primal_dtype_to_tangent_dtype as _tangent_dtype  # noqa: E402
+
+
+def has_tangent(dtype: Any) -> bool:
+    """Whether JAX differentiates values of an extended ``dtype`` (its tangent dtype is not float0)."""
+    return _tangent_dtype(dtype) != jax.dtypes.float0

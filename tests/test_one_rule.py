@@ -298,3 +298,35 @@ def test_a_complex_tangent_for_a_real_output_is_named():
     f = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="f", jvp=lambda ctx, t: t * (2 + 1j))
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': jvp must return .* complex.* real"):
         jax.jvp(f, (1.0,), (1.0,))
+
+
+def test_an_extended_dtype_whose_tangent_is_itself_is_differentiated():
+    """Which leaves are differentiated follows JAX's tangent types: Flax's fp8 fm32 scales (whose
+    gradient fp8 training uses to pass amax values back) are; PRNG keys (tangent float0) are not."""
+    fm32 = pytest.importorskip("flax.linen.fp8_ops", reason="Flax's fp8 ops give the fm32 dtype").fm32
+    seen = {}
+
+    def forward(ctx, x, scale, key):
+        seen.update(scale=ctx.needs_input_grad.scale, key=ctx.needs_input_grad.key)
+        return x * 2.0
+
+    def backward(ctx, g):
+        return {"x": g * 2.0, "scale": jnp.max(jnp.abs(g)).astype(jnp.float32).astype(fm32)}
+
+    f = jaxfn.autograd_function(forward, backward, name="scaled")
+
+    @jax.custom_vjp
+    def reference(x, scale):
+        return x * 2.0
+
+    reference.defvjp(
+        lambda x, s: (x * 2.0, None), lambda _, g: (g * 2.0, jnp.max(jnp.abs(g)).astype(jnp.float32).astype(fm32))
+    )
+    x, scale, key = jnp.array([1.0, -3.0, 2.0]), jnp.ones((), fm32), jax.random.key(0)
+    loss = lambda x, s: (f(x, s, key) * W).sum()
+    want = jax.grad(lambda x, s: (reference(x, s) * W).sum(), argnums=1, allow_int=True)(x, scale)
+    for transform in (lambda g: g, jax.jit):
+        got = transform(jax.grad(loss, argnums=1, allow_int=True))(x, scale)
+        as_float = lambda a: float(lax.convert_element_type(a, jnp.float32))
+        assert got.dtype == fm32 and as_float(got) == as_float(want) == 4.0  # max |grad_output| = max |W|
+    assert seen == {"scale": True, "key": False}
