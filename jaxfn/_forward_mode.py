@@ -165,9 +165,9 @@ def _transposed(name: str, transpose: Callable[..., Any], tangents: list[Any]) -
 
 def _failure(err: Exception) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if isinstance(err, AssertionError):  # JAX's transpose rules assert that one operand is constant
+    if _jax_private.refused_transpose_of_product(err):
         text = "it combines two values computed from grad_output (a product, a comparison, a select on it)"
-    elif "custom_vjp_call" in text or "CustomVJPTraced" in text:  # the second: with jax_custom_vjp3 on
+    elif _jax_private.refused_transpose_of_custom_vjp(err):
         text = (
             "it calls a jax.custom_vjp function on grad_output, which JAX can't transpose; write that helper in "
             "plain JAX operations or as a jaxfn function"

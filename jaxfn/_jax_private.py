@@ -41,14 +41,64 @@ def outside_traces(arrays: tuple[Any, ...] | list[Any]) -> bool:
     return _trace_state_clean() and not any(isinstance(a, Tracer) for a in arrays)
 
 
+# The newest JAX whose upgrade flags jaxfn knows: there, a flag it lacks is one not yet added
+# (jax 0.10.0 has no jax_remat3); beyond it, one retired, when the new implementation is the only one.
+NEWEST_KNOWN_JAX = (0, 12)
+
+
+def jax_version() -> tuple[int, int]:
+    major, minor = jax.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def upgrade_flag(name: str) -> bool:
+    """Whether one of JAX's upgrade flags is on (see ``NEWEST_KNOWN_JAX`` for a flag JAX lacks)."""
+    value = getattr(jax.config, name, None)
+    if value is None:
+        return jax_version() > NEWEST_KNOWN_JAX
+    return bool(value)
+
+
 def remat3() -> bool:
-    """Whether JAX's new checkpoint implementation (``jax_remat3``) is on (a flag of jax 0.10-0.11)."""
-    return bool(getattr(jax.config, "jax_remat3", False))
+    """Whether JAX's new checkpoint implementation is on (``jax_remat3``: off by default in jax
+    0.10-0.12; on where JAX has retired the flag)."""
+    return upgrade_flag("jax_remat3")
 
 
 def custom_vjp3() -> bool:
-    """Whether JAX's new custom-derivative implementation (``jax_custom_vjp3``) is on."""
-    return bool(getattr(jax.config, "jax_custom_vjp3", False))
+    """Whether JAX's new custom-derivative implementation is on (``jax_custom_vjp3``: off by
+    default in jax 0.10-0.12; on where JAX has retired the flag)."""
+    return upgrade_flag("jax_custom_vjp3")
+
+
+# What jax.custom_vjp's TypeError says when forward mode reaches it (jax 0.10-0.12), and what JAX
+# says of a value closed over from another trace (its UnexpectedTracerError, or a custom rule's
+# "closed-over value" refusal).
+_JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+
+
+def refused_forward_mode(err: Exception) -> bool:
+    """Whether ``err`` is JAX refusing forward mode on a ``jax.custom_vjp`` (its TypeError, or with
+    ``jax_custom_vjp3`` the hijax NotImplementedError)."""
+    return _JVP_REFUSAL in str(err) or refused_by_hijax(err)
+
+
+def refused_closure(err: Exception) -> bool:
+    """Whether ``err`` is JAX refusing a value that a custom rule reads from another trace."""
+    return isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in str(err)
+
+
+def refused_transpose_of_custom_vjp(err: Exception) -> bool:
+    """Whether ``err`` is JAX failing to transpose a ``jax.custom_vjp`` call (its equation's name
+    in the message, jax 0.10-0.12; ``CustomVJPTraced`` with ``jax_custom_vjp3``)."""
+    text = str(err)
+    return "custom_vjp_call" in text or "CustomVJPTraced" in text
+
+
+def refused_transpose_of_product(err: Exception) -> bool:
+    """Whether ``err`` is JAX's transpose rules asserting that one operand of a product (or a
+    select's predicate) is not linear: a bare AssertionError (jax 0.10-0.12)."""
+    return isinstance(err, AssertionError)
 
 
 def x64() -> bool:
@@ -115,6 +165,25 @@ from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # noqa: 
 def saved_residuals(f: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, str]]:
     """(aval, description) of every residual JAX keeps to differentiate ``f`` at ``args``."""
     return _saved_residuals(f, *args, **kwargs)
+
+
+# How saved_residuals describes a residual (jax 0.10-0.12): "named 'linear.input' from ...",
+# "from the argument x", "output of custom_vjp_call from <file>:<line>".
+def residual_name(description: str) -> str | None:
+    """The checkpoint name in a residual's description, or None."""
+    if description.startswith("named '"):
+        return description[len("named '") :].split("'", 1)[0]
+    return None
+
+
+def residual_is_argument(description: str) -> bool:
+    """Whether the residual is one of the differentiated function's arguments."""
+    return description.startswith("from the argument")
+
+
+def residual_of_custom_vjp_in(description: str, package: str) -> bool:
+    """Whether the residual is the output of a custom_vjp call made in ``package``'s code."""
+    return description.startswith("output of custom_vjp_call from") and package in description
 
 
 # JAX's hijax primitives (jax.experimental.hijax, experimental): a primitive whose rules are

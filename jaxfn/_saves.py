@@ -140,7 +140,7 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
         nbytes = _nbytes(shape, dtype)
         if not nbytes:
             continue  # a zero-size residual (jaxfn's token telling a backward its trace) holds nothing
-        name = _name_in(description)
+        name = _jax_private.residual_name(description)
         if name is not None and (name in records or name in _KNOWN):
             entries = records.get(name, [])
             function, save, passthrough = (
@@ -149,8 +149,8 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
             taken[name] = taken.get(name, 0) + 1
             report.append(Residual(function, save, shape, str(dtype), nbytes, "input" if passthrough else "new"))
         else:
-            kind = "input" if description.startswith("from the argument") else "new"
-            if description.startswith("output of custom_vjp_call from") and "jaxfn" in description:
+            kind = "input" if _jax_private.residual_is_argument(description) else "new"
+            if _jax_private.residual_of_custom_vjp_in(description, "jaxfn"):
                 description = "output of a jaxfn function"  # kept by the operation that reads it
             report.append(Residual("", description, shape, str(dtype), nbytes, kind))
     return Report(report)
@@ -162,10 +162,3 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
         return int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-def _name_in(description: str) -> str | None:
-    """The checkpoint name in JAX's description of a residual ("named 'linear.input' from ...")."""
-    if description.startswith("named '"):
-        return description[len("named '") :].split("'", 1)[0]
-    return None

@@ -15,9 +15,6 @@ import jax
 from . import _arguments, _eager, _jax_private, _reverse_mode, _rule, _tracers
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 
-# The words jax.custom_vjp's TypeError uses when forward mode reaches it.
-_JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
-
 _CLOSURE_HELP = (
     "forward or backward (or a function passed to it as an argument) reads a value that JAX is tracing from "
     "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), "
@@ -83,10 +80,9 @@ def call(
 
 def _explain(err: Exception) -> str | None:
     """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
-    text = str(err)
-    if _JVP_REFUSAL in text or _jax_private.refused_by_hijax(err):
+    if _jax_private.refused_forward_mode(err):
         return _rule.FORWARD_MODE_HELP
-    if isinstance(err, jax.errors.UnexpectedTracerError) or "closed-over value" in text:
+    if _jax_private.refused_closure(err):
         return _CLOSURE_HELP
     if _jax_private.refused_fwd_output(err):
         return _reverse_mode.OUTPUT_DIFFERS

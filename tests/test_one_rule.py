@@ -5,6 +5,8 @@ order with a reference ``jax.custom_vjp`` written JAX's way (its fwd calls the f
 never with jaxfn's own output.
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -330,3 +332,13 @@ def test_an_extended_dtype_whose_tangent_is_itself_is_differentiated():
         as_float = lambda a: float(lax.convert_element_type(a, jnp.float32))
         assert got.dtype == fm32 and as_float(got) == as_float(want) == 4.0  # max |grad_output| = max |W|
     assert seen == {"scale": True, "key": False}
+
+
+def test_an_upgrade_flag_jax_lacks_is_off_where_not_yet_added_and_on_where_retired(monkeypatch):
+    from jaxfn import _jax_private
+
+    assert _jax_private.upgrade_flag("jax_no_such_upgrade") is False  # a JAX jaxfn knows: not yet added
+    monkeypatch.setattr(_jax_private, "jax_version", lambda: (_jax_private.NEWEST_KNOWN_JAX[0], 99))
+    assert _jax_private.upgrade_flag("jax_no_such_upgrade") is True  # a newer JAX: retired, the new path is on
+    with jax.custom_vjp3(False) if hasattr(jax, "custom_vjp3") else contextlib.nullcontext():
+        assert _jax_private.custom_vjp3() is bool(jax.config.jax_custom_vjp3)  # a flag JAX has is read as is
