@@ -49,7 +49,7 @@ from . import _arguments, _context, _jax_private, _linear, _rule, _saves
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
-from ._outputs import Outputs
+from ._outputs import Described, Outputs
 
 # What JAX raises when a function needs concrete values of a traced array.
 _NEEDS_VALUES = (
@@ -69,23 +69,20 @@ NOT_LINEAR = (
 
 def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """``call(*arrays)``: the function's full output, through a ``jax.custom_jvp`` over the arrays."""
-    infos: list[Outputs] = []
 
     @jax.custom_jvp
     def primal(*arrays: Any) -> Any:
         out, info = _rule.primal(definition, args, arrays)
-        infos.append(info)
-        return tuple(out)
+        return tuple(out), Described(info)
 
     def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
         perturbed = [not isinstance(t, SymbolicZero) for t in tangents]
         ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
-        infos.append(info)
         wanted = [i for i, flag in enumerate(perturbed) if flag]
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
         saved, remainder = ctx.to_residuals()
         if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
-            out, saved = _rule.outputs_again(lambda _: primal(*primals), out, saved)
+            out, saved = _rule.outputs_again(lambda _: primal(*primals)[0], out, saved)
         saved = _saves.named(definition.name, saved, remainder, primals)
         avals = _arguments.shape_dtypes(primals)
         names = [args.paths[args.array_positions[i]] for i in wanted]
@@ -127,13 +124,14 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         tangent_map = derived if definition.jvp is None else user_jvp
         given = tuple(tangents[i] for i in wanted)
         computed = _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
-        return tuple(out), tuple(_all_tangents(info, outs, computed))
+        described = Described(info)
+        return (tuple(out), described), (tuple(_all_tangents(info, outs, computed)), described)
 
     primal.defjvp(jvp, symbolic_zeros=True)
 
     def call(*arrays: Any) -> Any:
-        out = primal(*arrays)
-        return infos[-1].rebuild(out)
+        out, described = primal(*arrays)
+        return described.info.rebuild(out)
 
     return call
 

@@ -48,6 +48,26 @@ class Outputs:
         return self.treedef == other.treedef and self.is_array == other.is_array and self.avals == other.avals
 
 
+@jax.tree_util.register_static
+class Described:
+    """Forward's output description riding inside a custom rule's output, as a pytree node with
+    no leaves (as Equinox's ``Static``): the rule returns ``(arrays, Described(info))`` and its
+    caller reads the description of the very trace that made the arrays, with no side list. Two
+    are equal where their arrays are (JAX compares a fwd's output tree with its primal's; Python
+    values may be new objects in each trace)."""
+
+    __slots__ = ("info",)
+
+    def __init__(self, info: Outputs):
+        self.info = info
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Described) and self.info.same_arrays_as(other.info)
+
+    def __hash__(self) -> int:
+        return hash((self.info.treedef, self.info.is_array, self.info.avals))
+
+
 def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[Any], Outputs]:
     """Forward's array leaves and the description of its output; raises if it is not valid."""
     if out is None:

@@ -43,7 +43,7 @@ from jax.custom_derivatives import SymbolicZero
 from . import _arguments, _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._errors import AutogradFunctionTypeError, error, type_name
-from ._outputs import Outputs
+from ._outputs import Described, Outputs
 
 # jax.experimental.hijax's names, kept with their JAX versions in _jax_private
 _BASE, _Zero, _ShapedArray = _jax_private.HI_PRIMITIVE, _jax_private.HI_ZERO, _jax_private.SHAPED_ARRAY
@@ -238,7 +238,6 @@ def build(
     """
     name = definition.name
     in_diff = tuple(args.kinds[i] == DIFF for i in args.array_positions)
-    infos: list[Outputs] = []
 
     if host is not None:
         host_call = host.build(args)
@@ -246,31 +245,34 @@ def build(
         def primal(*arrays: Any) -> tuple[Any, ...]:
             return tuple(jax.tree_util.tree_leaves(host_call(*arrays)))
 
-        fwd, bwd = _through_vjp(primal, infos)
+        def described(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
+            return primal(*arrays), Described(host.outputs(dataclasses.replace(args, arrays=arrays)))
+
     else:
 
-        def primal(*arrays: Any) -> tuple[Any, ...]:
+        def described(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
             out, info = _rule.primal(definition, args, arrays)
-            infos.append(info)
-            return tuple(out)
+            return tuple(out), Described(info)
 
-        fwd, bwd = _reverse_rules(definition, args, in_diff)
-
-    if definition.jvp is not None:
-        jvp = _user_jvp(definition, args)
-    elif forward_mode:
-        jvp = _through_jvp(_forward_mode.build(definition, args), infos)
-    else:  # no forward mode: refused where a tangent is computed (reverse mode never computes one)
-        jvp = _refuse_forward_mode(name)
-    has_forward_mode = definition.jvp is not None or forward_mode
-    vmap = _user_vmap(definition, args, infos) if definition.vmap is not None else None
+        def primal(*arrays: Any) -> tuple[Any, ...]:
+            return described(*arrays)[0]
 
     def call(*arrays: Any) -> Any:
-        shapes = jax.eval_shape(primal, *arrays)  # the output's description too (infos)
-        info = host.outputs(dataclasses.replace(args, arrays=arrays)) if host is not None else infos[-1]
-        infos.append(info)
-        out_diff = tuple(info.differentiable)
-        rules = _Rules(name, in_diff, out_diff, primal, fwd, bwd, jvp, has_forward_mode, vmap)
+        shapes, output = jax.eval_shape(described, *arrays)  # the output's description rides along
+        info = output.info
+        if host is not None:
+            fwd, bwd = _through_vjp(primal, info)
+        else:
+            fwd, bwd = _reverse_rules(definition, args, in_diff)
+        if definition.jvp is not None:
+            jvp = _user_jvp(definition, args)
+        elif forward_mode:
+            jvp = _through_jvp(_forward_mode.build(definition, args), info)
+        else:  # no forward mode: refused where a tangent is computed (reverse mode never computes one)
+            jvp = _refuse_forward_mode(name)
+        has_forward_mode = definition.jvp is not None or forward_mode
+        vmap = _user_vmap(definition, args, info) if definition.vmap is not None else None
+        rules = _Rules(name, in_diff, tuple(info.differentiable), primal, fwd, bwd, jvp, has_forward_mode, vmap)
         in_avals = tuple(jax.typeof(a) for a in arrays)
         out_avals = tuple(_ShapedArray(s.shape, s.dtype, weak_type=getattr(s, "weak_type", False)) for s in shapes)
         out = _Primitive(rules, in_avals, out_avals)(*arrays)
@@ -307,7 +309,7 @@ def _of_chosen(function: Callable[..., Any], arrays: Any, which: list[int]) -> C
     return on
 
 
-def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -> tuple[Any, Any]:
+def _through_vjp(primal: Callable[..., tuple[Any, ...]], info: Outputs) -> tuple[Any, Any]:
     """Reverse mode of a function that has its own (a host function's ``jax.custom_vjp``):
     ``jax.vjp`` over the differentiated inputs; its pullback is the residual."""
     traces = _rule.Traces()
@@ -321,7 +323,6 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], infos: list[Outputs]) -
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         pullback, token = residuals
         perturbed, avals = traces[token]
-        info = infos[-1]
         cts = [
             c if dtype_kind(a.dtype) == DIFF and not isinstance(c, SymbolicZero) else _zeros(a)
             for c, a in zip(cotangents, info.avals)
@@ -358,7 +359,7 @@ def _refuse_forward_mode(name: str) -> Callable[..., Any]:
     return rule
 
 
-def _through_jvp(derived: Callable[..., Any], infos: list[Outputs]) -> Callable[..., Any]:
+def _through_jvp(derived: Callable[..., Any], info: Outputs) -> Callable[..., Any]:
     """Without a user jvp: ``jax.jvp`` through the call another builder makes. With
     ``forward_mode=True``, ``_forward_mode``'s rule (backward transposed); otherwise
     ``_reverse_mode``'s ``jax.custom_vjp``, whose tangents JAX transposes where reverse mode
@@ -366,7 +367,6 @@ def _through_jvp(derived: Callable[..., Any], infos: list[Outputs]) -> Callable[
 
     def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> tuple[Any, Any]:
         which = [i for i, p in enumerate(perturbed) if p]
-        info = infos[-1]
 
         def arrays_out(*arrays: Any) -> tuple[Any, ...]:
             leaves = jax.tree_util.tree_flatten(derived(*arrays), is_leaf=lambda x: x is None)[0]
@@ -379,7 +379,7 @@ def _through_jvp(derived: Callable[..., Any], infos: list[Outputs]) -> Callable[
     return rule
 
 
-def _user_vmap(definition: _rule.Definition, args: Arguments, infos: list[Outputs]) -> Callable[..., Any]:
+def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> Callable[..., Any]:
     """The user's ``vmap(info, in_dims, *args)`` rule, PyTorch's contract: ``in_dims`` has one
     entry per argument (a dim or None per array leaf, None for other leaves); it returns the
     outputs and ``out_dims`` (one per output, or one int for all)."""
@@ -388,7 +388,6 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, infos: list[Output
     assert vmap is not None
 
     def rule(size: int, dims: tuple[Any, ...], *arrays: Any) -> tuple[Any, Any]:
-        info = infos[-1]
         leaf_dims: list[Any] = [None] * len(args.kinds)
         for position, dim in zip(args.array_positions, dims):
             leaf_dims[position] = dim

@@ -26,7 +26,7 @@ from . import _arguments, _jax_private, _rule, _saves, _tie
 from ._arguments import Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error
-from ._outputs import Outputs
+from ._outputs import Described, Outputs
 
 
 def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -90,16 +90,14 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     reference to a call's arrays.
     """
     forward, backward = rule(definition, args)
-    infos: list[Outputs] = []  # the output's description, from whichever trace ran last
-    primal_infos: list[Outputs] = []  # the primal's: fwd's output must be the same
+    primal_infos: list[Outputs] = []  # only to check fwd's output against the primal's, naming the function
 
     @jax.custom_vjp
     @_signed
     def primal(*arrays: Any) -> Any:
         out, info = _rule.primal(definition, args, arrays)
-        infos.append(info)
         primal_infos.append(info)
-        return tuple(out)
+        return tuple(out), Described(info)
 
     def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
         arrays = [p.value for p in primals]
@@ -109,28 +107,34 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
                 # out's own derivative (forward's operations) is never used: stopped, so never traced
                 again = lambda out: tied()(tuple(arrays), tuple(jax.lax.stop_gradient(o) for o in out))
             else:
-                again = lambda out: _tie.tie(primal, tuple(arrays), tuple(out))
+                again = lambda out: _tie.tie(arrays_out, tuple(arrays), tuple(out))
         out, info, residuals = forward(arrays, [p.perturbed for p in primals], again)  # its trace's token first
         if primal_infos and not primal_infos[-1].same_arrays_as(info):
             raise error(AutogradFunctionTypeError, definition.name, OUTPUT_DIFFERS)
-        infos.append(info)
-        return tuple(out), residuals
+        return (tuple(out), Described(info)), residuals
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
-        return tuple(backward(residuals, cotangents)[0])
+        return tuple(backward(residuals, cotangents[0])[0])
 
     primal.defvjp(_signed(fwd), _signed(bwd), symbolic_zeros=True)
+
+    def arrays_out(*arrays: Any) -> tuple[Any, ...]:
+        return primal(*arrays)[0]
 
     def tied() -> Any:  # made when needed: only jax_custom_vjp3 needs it
         @jax.custom_vjp
         def tied(arrays: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
             return out  # the tie as a custom_vjp: the same rule over one more input, out, whose cotangent is zero
 
-        tied.defvjp(lambda arrays, out: fwd(*arrays), lambda res, cts: (bwd(res, cts), None), symbolic_zeros=True)
+        def tied_fwd(arrays: Any, out: Any) -> tuple[Any, Any]:
+            (out, _), residuals = fwd(*arrays)
+            return out, residuals
+
+        tied.defvjp(tied_fwd, lambda res, cts: (bwd(res, (cts, None)), None), symbolic_zeros=True)
         return tied
 
     def call(*arrays: Any) -> Any:
-        out = primal(*arrays)
-        return infos[-1].rebuild(out)
+        out, described = primal(*arrays)
+        return described.info.rebuild(out)
 
     return call
