@@ -19,12 +19,13 @@ _FORMS = (
 )
 
 
-def by_parameter(function: str, args: Arguments, returned: Any) -> dict[str, Any]:
+def by_parameter(function: str, args: Arguments, returned: Any, keyword_only: tuple[str, ...] = ()) -> dict[str, Any]:
     """Backward's return value as {parameter name: gradient pytree or None}.
 
     A tuple/list has one entry per argument as PyTorch counts them (``args.slots``: each
     element of a ``*args`` parameter is one); extra trailing ``None`` entries are ignored, as
-    PyTorch ignores them.
+    PyTorch ignores them, and entries for forward's keyword-only parameters (``keyword_only``,
+    which PyTorch's forward can't have) may be left out.
     """
     names, slots = args.names, args.slots
     if returned is None:
@@ -45,7 +46,7 @@ def by_parameter(function: str, args: Arguments, returned: Any) -> dict[str, Any
             )
         return dict(returned)
     if isinstance(returned, (tuple, list)) and not (len(slots) == 1 and _own_gradient(args, returned)):
-        return _from_slots(args, _per_slot(function, args, returned))
+        return _from_slots(args, _per_slot(function, args, returned, keyword_only))
     if len(slots) == 1:
         return _from_slots(args, [returned])
     raise error(
@@ -73,8 +74,11 @@ def _own_gradient(args: Arguments, returned: tuple | list) -> bool:
     return len(returned) != 1 and child.num_nodes > 1 and len(child.children()) == len(returned)
 
 
-def _per_slot(function: str, args: Arguments, returned: tuple | list) -> list[Any]:
+def _per_slot(function: str, args: Arguments, returned: tuple | list, keyword_only: tuple[str, ...]) -> list[Any]:
     count = len(args.slots)
+    positional = sum(args.names[position] not in keyword_only for position, _ in args.slots)
+    if len(returned) < count and len(returned) >= positional:  # keyword-only gradients left out: None
+        returned = (*returned, *[None] * (count - len(returned)))
     if len(returned) < count or any(g is not None for g in returned[count:]):
         listed = ", ".join(map(args.slot_name, args.slots)) or "none"
         raise error(

@@ -42,6 +42,7 @@ class Definition:
     jvp: Callable[..., Any] | None = None  # the user's jvp(ctx, *tangents), if any
     vmap: Callable[..., Any] | None = None  # the user's vmap(info, in_dims, *args), if any
     accepts: set[int] = dataclasses.field(default_factory=set)  # grad_output counts backward's signature takes
+    keyword_only: tuple[str, ...] = ()  # forward's keyword-only parameters
 
     @classmethod
     def of(
@@ -85,6 +86,7 @@ class Definition:
             bool(getattr(backward, ONCE_DIFFERENTIABLE, False)),
             jvp,
             vmap,
+            keyword_only=tuple(n for n, p in signature.parameters.items() if p.kind is p.KEYWORD_ONLY),
         )
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Arguments:
@@ -251,7 +253,7 @@ def run_backward(
         returned = _call_once_differentiable(definition, ctx, grad_outputs)
     else:
         returned = definition.backward(ctx, *grad_outputs)
-    grads = _gradients.by_parameter(definition.name, args, returned)
+    grads = _gradients.by_parameter(definition.name, args, returned, definition.keyword_only)
     cotangents = _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
     if _anomaly.enabled():
         _anomaly.check(definition.name, "backward", list(zip(_array_paths(args), cotangents)))

@@ -342,3 +342,19 @@ def test_an_upgrade_flag_jax_lacks_is_off_where_not_yet_added_and_on_where_retir
     assert _jax_private.upgrade_flag("jax_no_such_upgrade") is True  # a newer JAX: retired, the new path is on
     with jax.custom_vjp3(False) if hasattr(jax, "custom_vjp3") else contextlib.nullcontext():
         assert _jax_private.custom_vjp3() is bool(jax.config.jax_custom_vjp3)  # a flag JAX has is read as is
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_a_keyword_only_parameter_may_be_left_out_of_a_tuple_of_gradients(transform):
+    """PyTorch's forward can't take keyword-only parameters, so a ported backward returns one
+    gradient per positional parameter: the keyword-only ones are taken as None."""
+
+    def forward(ctx, x, *, scale):
+        ctx.save_for_backward(scale=scale)
+        return x * scale
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: (g * ctx.saved_variables.scale,), name="scaled")
+    _close(transform(jax.grad(lambda x: f(x, scale=3.0).sum()))(X), jnp.full(3, 3.0))
+    g = jaxfn.autograd_function(forward, lambda ctx, g: (), name="empty")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'empty': backward returned 0 gradients for 2 parameters"):
+        jax.grad(lambda x: g(x, scale=3.0).sum())(X)
