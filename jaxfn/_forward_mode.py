@@ -338,15 +338,7 @@ def out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
                 f"jvp must return one tangent per output, an array, but for output {index} it returned "
                 f"{type_name(tangent)}; return an array shaped as that output (or None for a zero tangent)",
             )
-        dtype = jnp.result_type(tangent)
-        if jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"jvp must return one tangent per output, of the output's dtype, but the tangent of output {index} "
-                f"is {dtype} where the output is real ({aval.dtype}), so its imaginary part would be lost; return a "
-                "real tangent for a real output",
-            )
+        check_dtype(name, f"jvp must return one tangent per output, but the tangent of output {index}", tangent, aval)
         shape = jnp.shape(tangent)
         if shape != tuple(aval.shape):
             raise error(
@@ -391,3 +383,18 @@ def per_output_leaf(name: str, info: Outputs, returned: Any, role: str, what: st
                 f"{type_name(value)}; return {what}s in the structure forward returns",
             ) from None
     return leaves
+
+
+def check_dtype(name: str, who: str, value: Any, aval: Any) -> None:
+    """A rule's array for an output (a jvp's tangent, a vmap rule's output) against that output's
+    dtype, as backward's gradients are checked: another float is cast to it; a complex value for
+    a real output, or an integer or boolean for a float one, is refused (``who`` starts the
+    sentence)."""
+    dtype = jnp.result_type(value)
+    if jnp.issubdtype(aval.dtype, jnp.inexact) and not jnp.issubdtype(dtype, jnp.inexact):
+        what = f"is {dtype}, an integer or boolean dtype, where the output is {aval.dtype}"
+    elif jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
+        what = f"is {dtype} where the output is real ({aval.dtype}), so its imaginary part would be lost"
+    else:
+        return
+    raise error(AutogradFunctionTypeError, name, f"{who} {what}; return it in the output's dtype ({aval.dtype})")

@@ -436,6 +436,10 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
                     f"{size} at its out_dim ({dim}), but it has shape {shape}; return the batched outputs and where "
                     "their batch axis is (None for an output that is not batched)",
                 )
+            if leaf is not None:
+                _forward_mode.check_dtype(
+                    name, f"vmap must return forward's outputs, but its output {index}", leaf, aval
+                )
             arrays_out.append(jnp.asarray(leaf, aval.dtype))
             dims_out.append(dim)
         return tuple(arrays_out), tuple(dims_out)

@@ -296,10 +296,20 @@ def test_a_vmap_rule_giving_a_tuple_of_out_dims_for_one_output_is_named():
         jax.vmap(f)(jnp.ones((3, 2)))
 
 
-def test_a_complex_tangent_for_a_real_output_is_named():
-    f = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="f", jvp=lambda ctx, t: t * (2 + 1j))
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': jvp must return .* complex.* real"):
-        jax.jvp(f, (1.0,), (1.0,))
+@pytest.mark.parametrize(
+    "returned, what",
+    [(lambda t: t * (2 + 1j), "complex64 where the output is real"), (lambda t: jnp.ones(t.shape, int), "an integer")],
+    ids=["complex for real", "integer for float"],
+)
+def test_a_jvp_or_vmap_rule_result_of_the_wrong_dtype_is_named(returned, what):
+    f = jaxfn.autograd_function(lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="f", jvp=lambda ctx, t: returned(t))
+    with pytest.raises(jaxfn.AutogradFunctionError, match=rf"'f': jvp must return one tangent per output, .*{what}"):
+        jax.jvp(f, (X.astype(jnp.float32),), (jnp.ones(3, jnp.float32),))
+    g = jaxfn.autograd_function(
+        lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="g", vmap=lambda info, d, x: (returned(x), d[0])
+    )
+    with pytest.raises(jaxfn.AutogradFunctionError, match=rf"'g': vmap must return forward's outputs, .*{what}"):
+        jax.vmap(g)(jnp.ones((2, 3), jnp.float32))
 
 
 def test_an_extended_dtype_whose_tangent_is_itself_is_differentiated():
