@@ -34,7 +34,8 @@ def tangents(
 ) -> tuple[Any, ...]:
     """``forward_map(residuals, tangents)``, transposed by ``backward_map``; ``out``: the
     tangents' shapes and dtypes (one per output tangent)."""
-    out_avals = tuple(SHAPED_ARRAY(tuple(o.shape), o.dtype) for o in out)
+    # each output's own type (inside jax.shard_map, the mesh axes it varies over too), as a tangent
+    out_avals = tuple((o if isinstance(o, SHAPED_ARRAY) else jax.typeof(o)).to_tangent_aval() for o in out)
     linear = _Linear(name, forward_map, backward_map, _avals(residuals), _avals(tangents), out_avals)
     return tuple(linear(tuple(residuals), tuple(tangents)))
 
