@@ -41,12 +41,15 @@ def gradcheck(
     direction `d` is `Re(sum(grad * d))`, checked along real and imaginary directions. A
     call with nothing to check (no floating leaf, or no differentiable output) raises.
 
-    Cost: the outputs are reduced to one scalar with a fixed random cotangent; then each
-    differentiable leaf is checked along one random direction (two evaluations of `fn` and
-    one gradient). Only a leaf that fails is located element by element, with one batched
-    (`vmap`) set of finite differences over its elements. So a passing check of inputs with
-    thousands of elements costs a handful of calls. `order=2` repeats the check for the
-    derivative of backward (reverse over reverse), at about twice the cost.
+    Cost: up to 4M entries (and 8,192 inputs or outputs), the whole Jacobian is compared
+    element by element: backward's (one VJP per output element) and central differences' (two
+    calls per input element), each side one `vmap` batch run eagerly, so every JAX operation
+    compiles once per shape however long the function's unrolled loops are (a function that
+    can't be batched is evaluated one element at a time). Above it, the outputs are reduced to
+    one scalar with a fixed random cotangent and each leaf is checked along one random direction
+    (two evaluations of `fn` and one gradient); only a leaf that fails is located element by
+    element. `order=2` repeats the check for the derivative of backward (reverse over reverse),
+    along random directions.
 
     An option that is also a parameter of `fn` is refused as ambiguous: pass the function's own
     through a `lambda`.
@@ -159,13 +162,15 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batch
     # Every input differentiated, then each one alone (the others held constant): a backward may
     # branch on ctx.needs_input_grad, and each pattern a user's jax.grad can make is checked.
     alone = [[k] for k in range(len(x0))] if len(x0) > 1 else []
-    for which in [list(range(len(x0))), *alone]:
-        restricted = functools.partial(_restricted, lambda diff: select(call(diff)), x0, which)
-        sub_x0 = [x0[k] for k in which]
-        sub_labels = [checked_labels[k] + (_ALONE if len(which) == 1 and alone else "") for k in which]
-        if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
-            _check_jacobian(restricted, sub_x0, sub_labels, eps, atol, rtol, who)
-        else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
+    patterns = [list(range(len(x0))), *alone]
+    checked_outputs = lambda diff: select(call(diff))  # noqa: E731
+    if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
+        _check_jacobians(checked_outputs, x0, patterns, checked_labels, eps, atol, rtol, who)
+    else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
+        for which in patterns:
+            restricted = functools.partial(_restricted, checked_outputs, x0, which)
+            sub_x0 = [x0[k] for k in which]
+            sub_labels = [checked_labels[k] + (_ALONE if len(which) == 1 and alone else "") for k in which]
             cotangent = _random_like(rng, out_shapes)
             scalar = lambda diff, f=restricted, c=cotangent: _vdot(c, f(diff))  # noqa: E731
             _check(scalar, sub_x0, sub_labels, eps, atol, rtol, rng, "", who)
@@ -213,63 +218,144 @@ JACOBIAN_SIDE = 8192  # and at most this many inputs or outputs: one VJP per out
 _CHUNK = 1 << 20  # entries computed per vmapped batch
 
 
-def _check_jacobian(call, x0, labels, eps, atol, rtol, who) -> None:
-    """Every element of the Jacobian of the real view of ``call``: backward's against central
-    finite differences. Complex inputs and outputs are split into real and imaginary parts,
-    so JAX's convention for complex gradients is checked as a real Jacobian."""
+def _check_jacobians(f, x0, patterns, labels, eps, atol, rtol, who) -> None:
+    """Every element of the Jacobian of the real view of ``f``: backward's against central finite
+    differences, for each pattern of differentiated inputs (``patterns``, in order). Complex
+    inputs and outputs are split into real and imaginary parts, so JAX's convention for complex
+    gradients is checked as a real Jacobian.
+
+    The finite differences do not depend on which inputs are differentiated: computed once. Both
+    sides are ``vmap`` batches run eagerly, op by op: each operation compiles once per shape, so
+    the cost does not grow with the function's length (compiling a whole unrolled 50-step loop
+    takes seconds on a CPU, each time). Every batch has one length and moves every input (by
+    zero for backward), so forward's operations keep one shape throughout."""
     parts = [(k, part) for k, x in enumerate(x0) for part in (("real", "imag") if jnp.iscomplexobj(x) else (None,))]
     r0 = [jnp.real(x0[k]) if part == "real" else jnp.imag(x0[k]) if part == "imag" else x0[k] for k, part in parts]
-
-    def as_complex(real_parts: list[Any]) -> list[Any]:
-        leaves: list[Any] = [None] * len(x0)
-        for (k, part), value in zip(parts, real_parts):
-            leaves[k] = value if part is None else (value if part == "real" else leaves[k] + 1j * value)
-        return leaves
-
-    def flat(real_parts: list[Any]) -> Any:
-        outs = call(as_complex(real_parts))
-        pieces = [p for o in outs for p in ((jnp.real(o), jnp.imag(o)) if jnp.iscomplexobj(o) else (o,))]
-        return jnp.concatenate([jnp.ravel(p).astype(jnp.float64) for p in pieces])
-
-    size = int(jax.eval_shape(flat, r0).shape[0])
-    _, pullback = jax.vjp(flat, r0)
-    inputs = sum(int(np.size(r)) for r in r0)
-    analytical = _batched(lambda e: pullback(e)[0], size, (size,), _CHUNK // max(inputs, size))
-    for j, ((k, part), r) in enumerate(zip(parts, r0)):
-        n = int(np.size(r))
-
-        def column(d, j=j):
-            shifted = lambda step: [x + step * d if i == j else x for i, x in enumerate(r0)]  # noqa: E731
-            return (flat(shifted(eps)) - flat(shifted(-eps))) / (2 * eps)
-
-        numerical = _one_by_one(column, n, np.shape(r))  # (n, size)
-        ana = np.asarray(analytical[j]).reshape(size, n).T  # (n, size)
-        _compare(labels[k], part, np.shape(r), ana, np.asarray(numerical), atol, rtol, who)
+    size = int(jax.eval_shape(lambda r: _flat(f(_joined(x0, parts, r))), r0).shape[0])
+    n = sum(int(np.size(r)) for r in r0)
+    chunk = max(1, min(max(2 * n, size), _CHUNK // max(n, size)))
+    numerical = _numerical_jacobian(f, x0, parts, r0, eps, chunk)  # one (elements, size) block per part
+    for which in patterns:
+        own = [j for j, (k, _) in enumerate(parts) if k in which]
+        analytical = _analytical_jacobian(f, x0, parts, r0, own, size, chunk)
+        suffix = _ALONE if len(which) == 1 and len(patterns) > 1 else ""
+        for j, ana in zip(own, analytical):
+            (k, part), shape, num = parts[j], np.shape(r0[j]), numerical[j]
+            if np.any(_excess(ana, num, atol, rtol) > 0):
+                # Located with the finite differences of before, one element at a time (lax.map), so a
+                # failure never depends on the function's batching (check_batched_grad checks that).
+                num = numerical[j] = _numerical_one_by_one(f, x0, parts, r0, j, eps)
+            _compare(labels[k] + suffix, part, shape, ana, num, atol, rtol, who)
 
 
-def _batched(f, n: int, shape: tuple, chunk: int) -> Any:
-    """``vmap(f)`` over the n unit vectors of ``shape`` (made ``chunk`` at a time, so memory stays
-    bounded), concatenated (a pytree of arrays)."""
-    chunk = max(1, chunk)
+def _joined(x0: list[Any], parts: list[tuple], values: list[Any]) -> list[Any]:
+    """The leaves ``x0`` with the real ``parts`` (leaf index, "real" | "imag" | None) set to
+    ``values``: real and imaginary parts joined into complex leaves."""
+    leaves = list(x0)
+    for (k, part), value in zip(parts, values):
+        leaves[k] = value if part in (None, "real") else leaves[k] + 1j * value
+    return leaves
+
+
+def _flat(outs: list[Any]) -> Any:
+    """The outputs as one float64 vector, complex ones split into real and imaginary parts."""
+    pieces = [p for o in outs for p in ((jnp.real(o), jnp.imag(o)) if jnp.iscomplexobj(o) else (o,))]
+    return jnp.concatenate([jnp.ravel(p).astype(jnp.float64) for p in pieces])
+
+
+def _steps(r0: list[Any], rows: np.ndarray, values: np.ndarray) -> list[np.ndarray]:
+    """A batch of moves of the real parts ``r0``: batch element i moves joined element ``rows[i]``
+    by ``values[i]`` (made on the host, one chunk at a time)."""
+    sizes = [int(np.size(r)) for r in r0]
+    moved = np.zeros((len(rows), sum(sizes)))
+    moved[np.arange(len(rows)), rows] = values
+    offsets = np.cumsum([0, *sizes])
+    return [moved[:, o : o + s].reshape((len(rows), *np.shape(r))) for r, s, o in zip(r0, sizes, offsets)]
+
+
+def _numerical_jacobian(f, x0, parts, r0, eps, chunk) -> list[np.ndarray]:
+    """Central differences of ``f`` along every real input element, one (elements, size) block per
+    part: the +eps and -eps evaluations of every element as one batch. A function whose batching
+    fails (a vmap rule that refuses) is evaluated one element at a time instead."""
+    sizes = [int(np.size(r)) for r in r0]
+    n, offsets = sum(sizes), np.cumsum([0, *sizes])
+
+    def perturbed(steps: list[Any]) -> Any:
+        return _flat(f(_joined(x0, parts, [r + d for r, d in zip(r0, steps)])))
+
+    def batch(rows: np.ndarray) -> tuple:  # rows n to 2n - 1: the -eps moves
+        return (_steps(r0, rows % n, np.where(rows < n, eps, -eps)),)
+
+    try:
+        values = _in_chunks(jax.vmap(perturbed), batch, 2 * n, chunk)
+    except Exception:  # noqa: BLE001  (batching failed: the path of before, which raises a real error itself)
+        return [_numerical_one_by_one(f, x0, parts, r0, j, eps) for j in range(len(parts))]
+    difference = (values[:n] - values[n:]) / (2 * eps)  # (n, size)
+    return [difference[o : o + s] for o, s in zip(offsets, sizes)]
+
+
+def _numerical_one_by_one(f, x0, parts, r0, j, eps) -> np.ndarray:
+    """Central differences of ``f`` along every element of real part ``j``, one element at a time
+    (``lax.map``, not ``vmap``): independent of the function's batching."""
+
+    def column(d):
+        shifted = lambda step: [r + step * d if i == j else r for i, r in enumerate(r0)]  # noqa: E731
+        return (_flat(f(_joined(x0, parts, shifted(eps)))) - _flat(f(_joined(x0, parts, shifted(-eps))))) / (2 * eps)
+
+    n, shape = int(np.size(r0[j])), np.shape(r0[j])
+    return np.asarray(jax.lax.map(column, jnp.eye(n, dtype=jnp.float64).reshape((n, *shape))))
+
+
+def _analytical_jacobian(f, x0, parts, r0, own, size, chunk) -> list[np.ndarray]:
+    """Backward's Jacobian of ``f`` with respect to the real parts ``own`` only (the others held
+    constant, so JAX does not differentiate them): one VJP per output element, as one batch (one
+    at a time where batching fails); one (elements, size) block per part of ``own``."""
+
+    def pullback(steps: list[Any], cotangent: Any) -> Any:  # steps are zeros: see _check_jacobians
+        moved = [r + d for r, d in zip(r0, steps)]
+
+        def outputs(values: list[Any]) -> Any:
+            return _flat(f(_joined(x0, parts, [values[own.index(j)] if j in own else m for j, m in enumerate(moved)])))
+
+        return jax.vjp(outputs, [moved[j] for j in own])[1](cotangent)[0]
+
+    def batch(rows: np.ndarray) -> tuple:  # no moves, and the unit cotangents of output elements `rows`
+        units = np.zeros((len(rows), size))
+        units[np.arange(len(rows)), rows] = 1.0
+        return [np.zeros((len(rows), *np.shape(r))) for r in r0], units
+
+    try:
+        gradients = _in_chunks(jax.vmap(pullback), batch, size, chunk)
+    except Exception:  # noqa: BLE001  (batching failed: one at a time, which raises a real error itself)
+        zeros = [jnp.zeros_like(r) for r in r0]
+        unit = lambda row: (jnp.arange(size) == row).astype(jnp.float64)  # noqa: E731
+        gradients = jax.lax.map(lambda row: pullback(zeros, unit(row)), jnp.arange(size))
+    return [np.asarray(g).reshape(size, -1).T for g in gradients]
+
+
+def _in_chunks(run: Callable[..., Any], batch: Callable[[np.ndarray], Any], total: int, chunk: int) -> Any:
+    """``run(*batch(rows))`` over ``rows`` 0 to ``total - 1``, ``chunk`` at a time so memory stays
+    bounded (``batch`` makes a chunk's arguments on the host); every chunk is padded to that length
+    (repeating rows), so each operation keeps one shape and compiles once; concatenated (a pytree
+    of NumPy arrays)."""
     pieces = []
-    for start in range(0, n, chunk):
-        rows = np.zeros((min(chunk, n - start), n), np.float64)
-        rows[np.arange(len(rows)), np.arange(start, start + len(rows))] = 1.0
-        pieces.append(jax.vmap(f)(jnp.asarray(rows.reshape((len(rows), *shape)))))
-    return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *pieces)
+    for start in range(0, total, chunk):
+        count = min(chunk, total - start)
+        arguments = batch(np.resize(np.arange(start, start + count), chunk))
+        out = run(*jax.tree_util.tree_map(jnp.asarray, arguments, is_leaf=lambda v: isinstance(v, np.ndarray)))
+        pieces.append(jax.tree_util.tree_map(lambda v, count=count: np.asarray(v)[:count], out))
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *pieces)
 
 
-def _one_by_one(f, n: int, shape: tuple) -> Any:
-    """``f`` over the n unit vectors of ``shape``, one at a time (``lax.map``, not ``vmap``): finite
-    differences stay independent of the function's batching (a user's vmap rule is checked apart,
-    by ``check_batched_grad``)."""
-    return np.asarray(jax.lax.map(f, jnp.eye(n, dtype=jnp.float64).reshape((n, *shape))))
+def _excess(analytical: np.ndarray, numerical: np.ndarray, atol, rtol) -> np.ndarray:
+    """How far each entry is beyond the tolerance (positive: a disagreement; NaN or inf: infinite)."""
+    finite = np.isfinite(analytical) & np.isfinite(numerical)
+    return np.where(finite, np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical)), np.inf)
 
 
 def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: np.ndarray, atol, rtol, who) -> None:
     """Raise naming the worst disagreement between two (input element, output) Jacobian blocks."""
-    finite = np.isfinite(analytical) & np.isfinite(numerical)
-    excess = np.where(finite, np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical)), np.inf)
+    excess = _excess(analytical, numerical, atol, rtol)
     if not np.any(excess > 0):
         return
     element, output = np.unravel_index(int(np.argmax(excess)), excess.shape)

@@ -325,3 +325,92 @@ def test_failures_name_the_function_checked():
             jaxfn.gradcheck(fn, jnp.ones(2))
     with pytest.raises(jaxfn.GradcheckError, match=r"^jaxfn.gradcheck: 'plain': there is nothing to check"):
         jaxfn.gradcheck(plain, 1)
+
+
+def _bisection(steps, wrong=False):
+    """Sparsemax by ``steps`` bisection steps in a Python loop (entmax's ported code): per row, the
+    tau with sum(max(x - tau, 0)) = radius; backward is sparsemax's (``wrong``: radius's doubled)."""
+
+    def forward(ctx, x, radius):
+        hi = jnp.max(x, axis=-1, keepdims=True)
+        lo = hi - radius
+        for _ in range(steps):
+            tau = (lo + hi) / 2
+            above = jnp.sum(jnp.maximum(x - tau, 0), axis=-1, keepdims=True) > radius
+            lo, hi = jnp.where(above, tau, lo), jnp.where(above, hi, tau)
+        p = jnp.maximum(x - (lo + hi) / 2, 0)
+        ctx.save_for_backward(p)
+        return p
+
+    def backward(ctx, g):
+        (p,) = ctx.saved_tensors
+        support = p > 0
+        mean = jnp.sum(jnp.where(support, g, 0), -1, keepdims=True) / jnp.sum(support, -1, keepdims=True)
+        return jnp.where(support, g - mean, 0), jnp.sum(mean) * (2 if wrong else 1)
+
+    return jaxfn.autograd_function(forward, backward, name="bisection")
+
+
+def test_compilations_do_not_grow_with_an_unrolled_loop():
+    """The perturbed evaluations run as batches, op by op: each operation compiles once per shape,
+    so a 50-step Python loop compiles no more than a 2-step one (compiling the whole unrolled
+    function took seconds, once per input and pattern). Lowerings are counted, not compilations:
+    JAX lowers before it looks in its persistent compilation cache (tests/conftest.py)."""
+    lowered = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowered.append(kwargs.get("fun_name"))
+
+    x = jax.random.normal(K[0], (3, 6))
+    jaxfn.gradcheck(_bisection(2), x, 1.0, raise_exception=False)  # each operation's shapes seen (2 steps: inexact)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        assert jaxfn.gradcheck(_bisection(50), x, 1.0)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(lowered) <= 4, lowered
+    with pytest.raises(jaxfn.GradcheckError, match=r"for 'radius' disagrees.*worst at index \(\)"):
+        jaxfn.gradcheck(_bisection(50, wrong=True), x, 1.0)
+
+
+class _Unbatchable(jaxfn.Function):
+    """2 * x with a vmap rule that refuses: gradcheck evaluates it one element at a time."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        raise NotImplementedError("no batching here")
+
+
+def test_a_function_whose_batching_fails_is_checked_one_element_at_a_time():
+    assert jaxfn.gradcheck(_Unbatchable.apply, X)
+
+    class Wrong(_Unbatchable):
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2 * jnp.arange(1.0, 4.0)  # right in column 0 only
+
+    with pytest.raises(jaxfn.GradcheckError, match=r"for 'x' disagrees.*worst at index \(\d, 2\).*10 of 15 elements"):
+        jaxfn.gradcheck(Wrong.apply, X)
+
+
+def test_a_wrong_vmap_rule_is_not_blamed_on_backward():
+    """Finite differences are batched, but a disagreement is confirmed one element at a time: a
+    right backward passes beside a wrong vmap rule (check_batched_grad is what checks the rule)."""
+
+    class WrongRule(_Unbatchable):
+        @staticmethod
+        def vmap(info, in_dims, x):
+            return jnp.moveaxis(x, in_dims[0], 0) * 3, 0
+
+    assert jaxfn.gradcheck(WrongRule.apply, X)
+    with pytest.raises(jaxfn.GradcheckError, match="under jax.vmap disagrees"):
+        jaxfn.gradcheck(WrongRule.apply, X, check_batched_grad=True)
