@@ -89,7 +89,7 @@ class AutogradFunction:
         self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
         _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
-        self._primitive = vmap is not None  # built on a hijax primitive (_primitive)
+        self._primitive = vmap is not None or (host and jvp is not None)  # built on a hijax primitive (_primitive)
         self._host = _host.HostFunction(self._definition, output) if host else None
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
@@ -132,7 +132,8 @@ class AutogradFunction:
     def _build(self, definition: _rule.Definition, args: _arguments.Arguments) -> Any:
         """This mode's custom rule for one call structure: ``call(*arrays)``."""
         if self._primitive:
-            return _primitive.build(definition, args, self._host, self.forward_mode)
+            own = definition if self._host is None else self._host.traced_definition  # host: callbacks
+            return _primitive.build(own, args, self._host, self.forward_mode)
         if self._host is not None:
             return self._host.build(args)
         forward_mode = self.forward_mode or definition.jvp is not None  # derived, or the user's jvp
@@ -145,15 +146,12 @@ class AutogradFunction:
         arguments = self._definition.bind(args, kwargs)
         if self._host is not None:
             return self._host.outputs(arguments)
-        infos = []
 
-        def run(*arrays: Any) -> Any:
+        def described(*arrays: Any) -> Any:
             out, info = _rule.primal(self._definition, arguments.structure(), arrays)
-            infos.append(info)
-            return out
+            return out, _outputs.Described(info)
 
-        jax.eval_shape(run, *arguments.arrays)
-        return infos[-1]
+        return jax.eval_shape(described, *arguments.arrays)[1].info
 
     def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
         """For a call, whether each output leaf carries a gradient (`None` for Python values).
@@ -201,12 +199,12 @@ def _user_function(name: str, role: str, function: Any) -> Any:
 
 def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, setup_context, host, jit) -> None:
     """Options that can't go together, refused when the function is made."""
-    if host and (forward_mode or setup_context is not None or jit):
+    if host and (forward_mode or jit):
         raise error(
             AutogradFunctionTypeError,
             name,
             "host=True runs NumPy code that JAX can't transpose, trace or compile, so it can't be combined with "
-            "forward_mode=True, setup_context or jit=True; drop one of them",
+            "forward_mode=True or jit=True; drop one of them",
         )
     if forward_mode and definition.jvp is not None:
         raise error(
@@ -214,13 +212,6 @@ def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, 
             name,
             "it has a jvp rule and forward_mode=True, which would derive another jvp from backward; drop "
             "forward_mode=True to use your jvp, or drop the jvp to derive it",
-        )
-    if host and definition.jvp is not None:
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            "host=True runs NumPy code, and a jvp rule on host code is not supported; drop the jvp (reverse mode "
-            "and vmap rules work with host=True)",
         )
     if forward_mode and definition.once_differentiable:
         raise error(
@@ -299,7 +290,7 @@ def autograd_function(
         `setup_context(ctx, inputs, output)` saves what backward needs.
       host: forward and backward are NumPy/SciPy code, run through `jax.pure_callback`
         (under `jit`, `grad` and `vmap`); backward is once-differentiable. Not with
-        `forward_mode=True`, `setup_context`, `jit=True` or a `jvp` rule.
+        `forward_mode=True` or `jit=True`.
       output: with `host=True`, the output's `jax.ShapeDtypeStruct` (pytree), checked
         against what forward returns; by default it is derived once by running forward on ones.
       jit: compile eager calls (outside any JAX transformation) with `jax.jit`, once per call
@@ -314,7 +305,7 @@ def autograd_function(
         (`None` for a zero tangent). Its `ctx` holds what forward saved with
         `ctx.save_for_forward(...)` (as `saved_tensors` and `saved_variables`) and the
         attributes forward set. It serves `jax.jvp`, `jax.jacfwd` and `jax.linearize`;
-        backward still serves reverse mode. Not with `forward_mode=True` or `host=True`.
+        backward still serves reverse mode. Not with `forward_mode=True`.
       vmap: a batching rule of your own, as PyTorch's `vmap`: `vmap(info, in_dims, *args)` gets
         `info.batch_size` (and `info.randomness`, always `"error"`: random values come from key
         arguments), `in_dims` with one entry per argument (the batch axis of each array leaf,

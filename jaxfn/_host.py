@@ -19,6 +19,7 @@ the same rule: forward runs with a fresh ``Context``, what it saves crosses to b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -126,6 +127,30 @@ class HostFunction:
 
         return call
 
+    @functools.cached_property
+    def traced_definition(self) -> _rule.Definition:
+        """What ``_primitive`` builds a host function with a ``jvp`` rule from: forward is the host
+        forward's callback, and jvp one callback that runs forward and the user's jvp on the host."""
+        definition = self.definition
+
+        def forward(ctx: Context, *given: Any, **named: Any) -> Any:
+            args = definition.bind(given, named)
+            ctx.jaxfn_host_call = (args.structure(), tuple(args.arrays))
+            return self.build(args.structure())(*args.arrays)
+
+        def jvp(ctx: Context, *tangents: Any) -> Any:
+            args, arrays = ctx.jaxfn_host_call
+            leaves = jax.tree_util.tree_leaves(tangents, is_leaf=lambda x: x is None)
+            by_array = [leaves[p] for p in args.array_positions]
+            present = tuple(t is not None for t in by_array)
+            probe = self._probe(args, arrays, present)
+            given = [t for t in by_array if t is not None]
+            out = bind(definition.name, self._call(probe, args, "jvp", present), probe.info.avals, *arrays, *given)
+            return probe.info.rebuild(list(out))
+
+        forward.__signature__ = definition.signature  # type: ignore[attr-defined]
+        return dataclasses.replace(definition, forward=forward, jvp=jvp)
+
     # -- probes and callbacks ----------------------------------------------------------------
     def _probe(self, args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> _Probe:
         """The probe of this signature (shapes, dtypes, static values, flags, x64), run once."""
@@ -145,7 +170,7 @@ class HostFunction:
         anomaly = _anomaly.enabled()  # read when the call is traced; the callback runs later, elsewhere
         key = (role, str(anomaly), *map(str, extra))
         if key not in calls:
-            run = _host_backward if role == "backward" else _host_forward
+            run = {"backward": _host_backward, "jvp": _host_jvp}.get(role, _host_forward)
             definition, with_saved = self.definition, role == "forward"
 
             def host(*values: Any) -> Any:
@@ -230,7 +255,7 @@ def _host_backward(
     name = definition.name
     values = tuple(np.asarray(v) for v in values)  # callbacks may hand over JAX arrays
     carried, given = iter(values[: len(probe.carried)]), iter(values[len(probe.carried) :])
-    ctx = _host_values.context(probe.remainder, [_host_values.receive(c, carried) for c in probe.carries])
+    ctx = _host_values.context(probe.remainder, [_host_values.receive(name, c, carried) for c in probe.carries])
     grad_outputs = _grad_outputs(probe.info, present, given, ctx.materialize_grads)
     _rule.check_backward_accepts(definition, ctx, grad_outputs)
     returned = definition.backward(ctx, *grad_outputs)
@@ -241,6 +266,43 @@ def _host_backward(
         np.zeros(aval.shape, aval.dtype) if ct is None else np.asarray(ct)
         for ct, aval, flag in zip(cotangents, avals, probe.flags)
         if flag
+    )
+
+
+def _host_jvp(
+    definition: _rule.Definition,
+    args: Arguments,
+    probe: _Probe,
+    with_saved: bool,
+    present: tuple[bool, ...],
+    *values: Any,
+) -> tuple[Any, ...]:
+    """Runs in the callback: forward with a fresh context, then the user's jvp reading what it
+    saved (``ctx.save_for_forward``) and its attributes; one tangent per output array."""
+    name = definition.name
+    assert definition.jvp is not None
+    values = tuple(np.asarray(v) for v in values)
+    arrays, given = values[: len(present)], iter(values[len(present) :])
+    ctx, out = _run_forward(definition, args, list(arrays), present)
+    _check_outputs(name, probe, out)
+    leaves: list[Any] = [None] * len(args.kinds)
+    for position, array, flag in zip(args.array_positions, arrays, present):
+        if args.kinds[position] == DIFF:
+            leaves[position] = next(given) if flag else (np.zeros_like(array) if ctx.materialize_grads else None)
+    slots = jax.tree_util.tree_unflatten(args.treedef, leaves)
+    tangents = [slots[p] if i is None else slots[p][i] for p, i in args.slots]
+    returned = definition.jvp(_context.for_jvp(ctx), *tangents)
+    returned_leaves = jax.tree_util.tree_leaves(returned, is_leaf=lambda x: x is None)
+    if len(returned_leaves) != len(probe.info.avals):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"jvp must return one tangent per output ({len(probe.info.avals)}), but it returned "
+            f"{len(returned_leaves)}; return a tangent (or None) for each output of forward",
+        )
+    return tuple(
+        np.zeros(a.shape, a.dtype) if t is None else _host_values.conform(name, "tangent", t, a)
+        for t, a in zip(returned_leaves, probe.info.avals)
     )
 
 

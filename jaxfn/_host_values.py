@@ -3,13 +3,18 @@
 A host forward's output leaves become JAX arrays of the shapes and dtypes the probe learnt
 (``spec``, ``conform``). What it saves on ``ctx`` crosses to backward as any context does
 (``Context.to_residuals`` / ``from_residuals``: ``split``, ``context``), each saved leaf exactly
-(``carry``, ``send``, ``receive``): JAX never narrows it.
+(``carry``, ``send``, ``receive``): JAX never narrows it. Any other Python object forward keeps
+on ``ctx`` (a SciPy factorization, a torch graph) is kept per call on the host (``KEPT``), as
+PyTorch keeps it, and only its key crosses.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import struct
+import threading
 from typing import Any
 
 import jax
@@ -58,6 +63,11 @@ class Number:
 
 
 @dataclasses.dataclass(frozen=True)
+class PerCall:
+    """An object forward kept on ctx, held on the host for this call's backward (``KEPT``)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Raw:
     dtype: np.dtype
     shape: tuple[int, ...]
@@ -72,7 +82,7 @@ def carry(name: str, value: Any) -> Any:
         return Number(type(value))
     if isinstance(value, (np.ndarray, np.generic)):
         if value.dtype == object:
-            raise error(AutogradFunctionTypeError, name, _CANT_CROSS.format(what="a NumPy array of dtype object"))
+            return PerCall()
         numeric = jnp.issubdtype(value.dtype, np.number) or value.dtype == np.bool_
         if isinstance(value, np.generic) or not numeric or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
             return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
@@ -80,19 +90,63 @@ def carry(name: str, value: Any) -> Any:
     try:
         return Static(value, _keys.value_key(value))
     except _keys.Unkeyable:
-        raise error(AutogradFunctionTypeError, name, _CANT_CROSS.format(what=type_name(value))) from None
+        return PerCall()
 
 
-_CANT_CROSS = (
-    "a host forward (host=True) saved {what} on ctx, which can't cross to backward: jaxfn carries numbers, "
-    "NumPy arrays and plain values (str, None, enum members), and containers (tuple, list, dict) of them; save "
-    "the arrays and numbers backward needs instead"
+class Kept:
+    """Objects host forwards kept on ctx, by key, until their backward has run, as PyTorch keeps a
+    Function's ctx until backward frees it.
+
+    An entry lives until a backward has read it and a later host forward keeps something (a
+    ``jax.jacrev`` runs one backward per row before any forward runs again, so all of them find
+    it); entries no backward reads (a ``jax.vjp`` whose pullback is never called) are dropped
+    oldest first beyond ``limit``. A backward that finds its entry gone raises, naming the function.
+    """
+
+    def __init__(self, limit: int = 65536):
+        self.limit = limit
+        self._entries: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._read: set[int] = set()
+        self._keys = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def keep(self, value: Any) -> int:
+        with self._lock:
+            for key in self._read:
+                self._entries.pop(key, None)
+            self._read.clear()
+            while len(self._entries) >= self.limit:
+                self._entries.popitem(last=False)
+            key = next(self._keys)
+            self._entries[key] = value
+            return key
+
+    def get(self, name: str, key: int) -> Any:
+        with self._lock:
+            if key not in self._entries:
+                raise error(AutogradFunctionTypeError, name, _GONE)
+            self._read.add(key)
+            return self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+KEPT = Kept()
+
+_GONE = (
+    "its host backward (host=True) reads a Python object its forward kept on ctx, but that object was freed: "
+    "jaxfn keeps such objects per call until that call's backward has run and another host forward has started "
+    "(as PyTorch frees a graph after backward), or drops the oldest beyond KEPT.limit calls whose backward never "
+    "ran; call the pullback before calling the function again, or save arrays instead of objects"
 )
 
 
 def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
     if isinstance(carry, Static):
         return None
+    if isinstance(carry, PerCall):
+        return jax.ShapeDtypeStruct((8,), np.uint8)
     if isinstance(carry, Number):
         return jax.ShapeDtypeStruct((struct.calcsize(PACKED[carry.kind]),), np.uint8)
     if isinstance(carry, Raw):
@@ -110,6 +164,8 @@ def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
         if not same:
             raise error(AutogradFunctionTypeError, name, changed(value, f"{carry.value!r}"))
         return []
+    if isinstance(carry, PerCall):
+        return [_pack(name, KEPT.keep(value))]
     if isinstance(carry, Number):
         if type(value) is not carry.kind:
             raise error(AutogradFunctionTypeError, name, changed(value, f"a Python {carry.kind.__name__}"))
@@ -128,11 +184,13 @@ def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
     return [conform(name, "saved value", value, carry, exact=True)]
 
 
-def receive(carry: Any, values: Any) -> Any:
+def receive(name: str, carry: Any, values: Any) -> Any:
     """Runs on the host before backward: a saved value as forward saved it."""
     if isinstance(carry, Static):
         return carry.value
     raw = np.asarray(next(values))
+    if isinstance(carry, PerCall):
+        return KEPT.get(name, _unpack(int, raw))
     if isinstance(carry, Number):
         return _unpack(carry.kind, raw)
     if isinstance(carry, Raw):

@@ -24,7 +24,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-NEEDS = {"ecosystem.md": ("equinox", "flax", "optax"), "host.md": ("scipy",), "from-pytorch.md": ("optax",)}
+NEEDS = {
+    "ecosystem.md": ("equinox", "flax", "optax"),
+    "host.md": ("scipy",),
+    "from-pytorch.md": ("optax",),
+    "porting-pytorch.md": ("torch",),
+}
 LANGUAGES = {"python", "bash", "r", ""}  # the fences a page may use
 
 

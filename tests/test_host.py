@@ -257,14 +257,23 @@ def test_host_gradients_are_checked_as_any_backward_s(host, returned, message):
         jax.grad(lambda x: f(x, 2.0).sum())(jnp.ones(2, jnp.float32))
 
 
-def test_objects_saved_on_ctx_are_refused_and_other_numpy_values_cross_exactly():
-    def hides(ctx, x):
-        ctx.ns = types.SimpleNamespace(v=x * 2)  # data of this call inside an object: can't cross
+def test_objects_saved_on_ctx_are_kept_per_call_and_other_numpy_values_cross_exactly():
+    def keeps(ctx, x):
+        ctx.ns = types.SimpleNamespace(v=x * 2)  # data of this call inside an object: kept per call
         return x**2
 
-    f = jaxfn.autograd_function(hides, lambda ctx, g: g * ctx.ns.v, host=True, name="hides")
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'hides': a host forward .* saved a SimpleNamespace"):
-        jax.grad(lambda x: f(x).sum())(jnp.ones(3))
+    f = jaxfn.autograd_function(keeps, lambda ctx, g: g * ctx.ns.v, host=True, name="keeps")
+    x = jnp.arange(3.0)
+    for grad in (jax.grad, lambda h: jax.jit(jax.grad(h))):
+        np.testing.assert_allclose(grad(lambda x: f(x).sum())(x), 2 * x)
+    np.testing.assert_allclose(jax.jacrev(f)(x), np.diag(2 * x))  # one backward per row, one object
+    np.testing.assert_allclose(jax.vmap(jax.grad(lambda x: f(x).sum()))(x[:, None] + 1), 2 * (x[:, None] + 1))
+    _, pullback = jax.vjp(f, x)
+    pullback(jnp.ones(3))
+    jax.grad(lambda x: f(x).sum())(x)  # another call: the first call's object is freed, as PyTorch frees it
+    freed = (jaxfn.AutogradFunctionError, jax.errors.JaxRuntimeError, ValueError)  # the pullback may run compiled
+    with pytest.raises(freed, match=r"'keeps': its host backward .* that object was freed"):
+        pullback(jnp.ones(3))
     seen = []
 
     def labels(ctx, x):
@@ -561,3 +570,43 @@ def test_a_host_forward_writing_into_its_dict_argument_is_refused():
     f = jaxfn.autograd_function(forward, lambda ctx, g: {"d": {"x": g * 3}}, host=True, name="writes")
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'writes': forward must leave its arguments as it"):
         f({"x": jnp.ones(2)})
+
+
+def test_host_combines_with_setup_context_and_a_jvp_rule():
+    """A NumPy Function in PyTorch 2's form with its own jvp ports as it is (autograd_function_db's NumpyCube)."""
+    called = []
+
+    class Cube(jaxfn.Function):
+        host = True
+
+        @staticmethod
+        def forward(x):
+            assert isinstance(x, np.ndarray)
+            return x**3, 3 * x**2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0], output[1])
+            ctx.save_for_forward(inputs[0], output[1])
+
+        @staticmethod
+        def backward(ctx, grad_output, grad_saved):
+            x, dx = ctx.saved_tensors
+            called.append("backward")
+            return grad_output * dx + 6 * grad_saved * x
+
+        @staticmethod
+        def jvp(ctx, tangent):
+            assert isinstance(tangent, np.ndarray)
+            x, dx = ctx.saved_tensors
+            called.append("jvp")
+            return tangent * dx, 6 * tangent * x
+
+    x = jnp.arange(1.0, 4.0)
+    for wrap in (lambda g: g, jax.jit):
+        np.testing.assert_allclose(wrap(jax.grad(lambda x: Cube.apply(x)[0].sum()))(x), 3 * x**2)
+        np.testing.assert_allclose(wrap(jax.jacfwd(lambda x: Cube.apply(x)[1]))(x), np.diag(6 * x))
+        np.testing.assert_allclose(
+            wrap(jax.vmap(jax.grad(lambda x: Cube.apply(x)[0].sum())))(x[:, None]), 3 * x[:, None] ** 2
+        )
+    assert {"backward", "jvp"} <= set(called)

@@ -32,6 +32,8 @@ LAYERS = [
     "_traced",
     "_function",
     "_gradcheck",
+    "_torch",
+    "_compare",
     "__init__",
 ]
 

@@ -511,7 +511,6 @@ def test_vmap_with_generate_vmap_rule_is_an_error():
     "options, message",
     [
         (dict(jvp=lambda ctx, t: t, forward_mode=True), r"'f': it has a jvp rule and forward_mode=True.*drop"),
-        (dict(jvp=lambda ctx, t: t, host=True), r"'f': host=True runs NumPy code, and a jvp rule.*drop the jvp"),
         (dict(jvp=lambda *, t: t), r"'f': jvp must take the context as its first parameter"),
         (dict(vmap=3), r"'f': vmap must be a function vmap\(info, in_dims, \*args\), but got an int"),
     ],

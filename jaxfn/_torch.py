@@ -1,0 +1,281 @@
+"""``jaxfn.from_torch``: an existing ``torch.autograd.Function`` run inside JAX programs as host code.
+
+The original is wrapped as a ``host=True`` function, so it runs wherever host functions do
+(``jit``, ``grad``, ``vmap``, ``scan``) on the same callbacks and probes (``_host``). The host
+forward calls the Function's own ``apply`` with PyTorch's autograd on, on tensors that require
+grad where JAX differentiates the argument, and keeps that call's graph on ``ctx`` as a Python
+object (kept per call, ``_host_values.KEPT``); the host backward runs ``torch.autograd.grad`` on
+it, so the Function's own backward runs with its own ``ctx`` (``needs_input_grad``,
+``saved_tensors``, ``mark_dirty``, ``set_materialize_grads``: PyTorch's semantics, not a copy of
+them). A ``jvp`` static method serves ``jax.jvp`` through PyTorch's forward-mode AD; a ``vmap``
+static method (or ``generate_vmap_rule``) serves ``jax.vmap`` through ``torch.func.vmap``, one
+callback for the whole batch.
+
+PyTorch is imported here only, when ``from_torch`` is first called. Arrays cross by DLPack
+(``torch.from_dlpack``, ``np.from_dlpack``): outputs without a copy; each input is copied once
+(a differentiated one when the Function gets its clone), since a Function may write its input in
+place (``mark_dirty``) and JAX's buffers must not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._errors import AutogradFunctionTypeError, error, type_name
+from ._function import AutogradFunction
+
+_NEEDS_TORCH = (
+    "jaxfn.from_torch runs a PyTorch Function, so it needs PyTorch, but importing torch failed ({err}); install "
+    "it (pip install 'jaxfn[torch]', or pip install torch==2.13.0 for the CPU build)"
+)
+
+
+def torch_module(name: str) -> Any:
+    """``torch``, imported on first use; an error naming ``name`` where it is not installed."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError as err:
+        raise error(AutogradFunctionTypeError, name, _NEEDS_TORCH.format(err=err)) from err
+
+
+@contextlib.contextmanager
+def forward_ad(torch: Any) -> Iterator[Any]:
+    """PyTorch's forward-mode AD, at one dual level; its first use loads decompositions through the
+    deprecated ``torch.jit.script``, whose DeprecationWarning is PyTorch's business, not the user's."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch.jit.script` is deprecated", DeprecationWarning)
+        with torch.autograd.forward_ad.dual_level():
+            yield torch.autograd.forward_ad
+
+
+def is_torch_function(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.autograd.Function`` subclass (False where torch is not imported)."""
+    torch = _imported_torch()
+    return torch is not None and isinstance(value, type) and issubclass(value, torch.autograd.Function)
+
+
+def _imported_torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def from_torch(function: Any, *, name: str | None = None) -> AutogradFunction:
+    """Run an existing PyTorch `torch.autograd.Function` inside JAX programs, with its own backward.
+
+    The Function runs as host code (`host=True`): under `jax.jit`, `jax.grad`, `jax.vmap` and
+    `lax.scan`, JAX calls it through `jax.pure_callback`, and `jax.grad` runs its own `backward`
+    through PyTorch's autograd (so `ctx.needs_input_grad`, `ctx.saved_tensors`, nested Functions
+    and `mark_dirty` behave as in PyTorch). Both forms work: `forward(ctx, ...)`, and
+    `forward(...)` with `setup_context(ctx, inputs, output)`. A `jvp` static method serves
+    `jax.jvp` (through PyTorch's forward-mode AD), and a `vmap` static method (or
+    `generate_vmap_rule = True`) serves `jax.vmap` (through `torch.func.vmap`); without one,
+    `jax.vmap` calls the Function once per batch element. Arrays become CPU tensors (by DLPack)
+    and back; other arguments pass as they are. Use it to run the original in the JAX program
+    before its port is written, and to check the port with [`compare`][jaxfn.compare].
+
+    Args:
+      function: a subclass of `torch.autograd.Function`.
+      name: what error messages call it; default the class's name.
+
+    Returns:
+      An [`AutogradFunction`][jaxfn.AutogradFunction] called as the Function's `apply` is.
+
+    Raises:
+      AutogradFunctionError: if PyTorch is not installed, or `function` is not a
+        `torch.autograd.Function` subclass.
+    """
+    name = str(name if name is not None else getattr(function, "__name__", "function"))
+    torch = torch_module(name)
+    if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"jaxfn.from_torch takes a torch.autograd.Function subclass (the class itself, not its apply), but "
+            f"it got {type_name(function)}; pass the class, as jaxfn.from_torch(MyFunction)",
+        )
+    base = torch.autograd.Function
+    original = _Original(torch, function, name)
+    forward = _with_signature(original.forward, _parameters(function, base))
+    jvp = original.jvp if function.jvp is not base.jvp else None
+    batches = function.vmap is not base.vmap or bool(getattr(function, "generate_vmap_rule", False))
+    batches = batches and function.setup_context is not base.setup_context  # torch.func needs it
+    made = AutogradFunction(forward, original.backward, name=name, host=True, jvp=jvp, vmap=None)
+    if batches:
+        made = AutogradFunction(
+            forward, original.backward, name=name, host=True, jvp=jvp, vmap=_Batched(made, original)
+        )
+    made.torch_function = function  # type: ignore[attr-defined]  # what jaxfn.compare runs as the original
+    return made
+
+
+def _parameters(function: Any, base: Any) -> list[inspect.Parameter]:
+    """The Function's forward parameters, without ctx (the ctx-first form's first)."""
+    parameters = list(inspect.signature(function.forward).parameters.values())
+    if function.setup_context is base.setup_context:
+        parameters = parameters[1:]
+    return parameters
+
+
+def _with_signature(run: Any, parameters: list[inspect.Parameter]) -> Any:
+    """``run(ctx, *args, **kwargs)`` with the signature ``(ctx, <the Function's parameters>)``."""
+
+    def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        return run(ctx, *args, **kwargs)
+
+    ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)
+    forward.__signature__ = inspect.Signature([ctx, *parameters])  # type: ignore[attr-defined]
+    return forward
+
+
+class _Call:
+    """One call's PyTorch graph, kept on the host forward's ctx until its backward runs."""
+
+    __slots__ = ("inputs", "outputs", "args", "kwargs")
+
+    def __init__(self, inputs: list[Any], outputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.inputs, self.outputs, self.args, self.kwargs = inputs, outputs, args, kwargs
+
+
+class _Original:
+    """The PyTorch Function's calls, on NumPy arrays (the host side of ``from_torch``)."""
+
+    def __init__(self, torch: Any, function: Any, name: str):
+        self.torch, self.function, self.name = torch, function, name
+
+    def tensor(self, value: Any, requires_grad: bool = False) -> Any:
+        """A tensor of ``value`` (other values as they are). A differentiated one is a leaf on JAX's
+        buffer, without a copy (autograd refuses writes into a leaf; the Function gets a clone);
+        any other is a copy, since a Function may write its input in place (``mark_dirty``) and
+        JAX's buffers, even those NumPy calls writable, must not change."""
+        if not isinstance(value, np.ndarray):
+            return value
+        array = value if requires_grad else np.array(value)
+        dlpack = array.dtype != np.bool_ and array.size
+        tensor = self.torch.from_dlpack(array) if dlpack else self.torch.from_numpy(np.array(array))
+        return tensor.requires_grad_() if requires_grad else tensor
+
+    def given(self, tensor: Any) -> Any:
+        """What the Function gets for an input: a differentiated leaf's clone (it may write it in place)."""
+        return tensor.clone() if getattr(tensor, "requires_grad", False) else tensor
+
+    def array(self, value: Any) -> Any:
+        if not isinstance(value, self.torch.Tensor):
+            return value
+        tensor = value.detach().resolve_conj().resolve_neg()
+        try:
+            return np.from_dlpack(tensor)
+        except (BufferError, RuntimeError, TypeError):  # bool, or a layout DLPack can't carry
+            return tensor.numpy()
+
+    def forward(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        torch = self.torch
+        flags = list(ctx.needs_input_grad)
+        tensors = [self.tensor(a, _differentiable(a) and f) for a, f in zip(args, flags)]
+        named = {k: self.tensor(v, _differentiable(v) and ctx.needs_input_grad[k]) for k, v in kwargs.items()}
+        grad = any(getattr(t, "requires_grad", False) for t in (*tensors, *named.values()))
+        with torch.enable_grad() if grad else torch.no_grad():
+            out = self.function.apply(*map(self.given, tensors), **{k: self.given(v) for k, v in named.items()})
+        leaves, treedef = jax.tree_util.tree_flatten(out)
+        arrays = [self.array(leaf) for leaf in leaves]
+        ctx.torch_call = _Call([*tensors, *named.values()], leaves, args, kwargs)
+        if grad:
+            cut = [a for a, t in zip(arrays, leaves) if isinstance(t, torch.Tensor) and not t.requires_grad]
+            ctx.mark_non_differentiable(*cut)
+        ctx.set_materialize_grads(False)  # PyTorch's engine materializes, as the Function asks it to
+        return jax.tree_util.tree_unflatten(treedef, arrays)
+
+    def backward(self, ctx: Any, *grad_outputs: Any) -> Any:
+        torch = self.torch
+        call: _Call = ctx.torch_call
+        flat = jax.tree_util.tree_leaves(grad_outputs)
+        if len(flat) != len(call.outputs):  # None leaves vanish: pair them by position instead
+            flat = list(_flatten_with_none(grad_outputs))
+        pairs = [
+            (o, self.tensor(np.asarray(g)))
+            for o, g in zip(call.outputs, flat)
+            if g is not None and isinstance(o, torch.Tensor) and o.requires_grad
+        ]
+        wanted = [t for t in call.inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads: list[Any] = [None] * len(wanted)
+        if pairs and wanted:
+            outs, given = zip(*pairs)
+            grads = list(torch.autograd.grad(outs, wanted, given, allow_unused=True))
+        by_input = iter(grads)
+        returned = [
+            self.array(next(by_input)) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in call.inputs
+        ]
+        return tuple(returned)
+
+    def jvp(self, ctx: Any, *tangents: Any) -> Any:
+        torch = self.torch
+        call: _Call = ctx.torch_call
+        args, kwargs = call.args, call.kwargs
+        with forward_ad(torch) as dual:
+            duals = [
+                dual.make_dual(self.tensor(a), self.tensor(np.asarray(t)))
+                if _differentiable(a) and t is not None
+                else self.tensor(a)
+                for a, t in zip(args, tangents)
+            ]
+            out = self.function.apply(*duals, **{k: self.tensor(v) for k, v in kwargs.items()})
+            leaves, treedef = jax.tree_util.tree_flatten(out)
+            tangents_out = [
+                self.array(dual.unpack_dual(leaf).tangent) if isinstance(leaf, torch.Tensor) else None
+                for leaf in leaves
+            ]
+        return jax.tree_util.tree_unflatten(treedef, tangents_out)
+
+    def batched(self, in_dims: tuple[Any, ...], *args: Any) -> list[Any]:
+        """The Function under ``torch.func.vmap`` (its vmap rule), outputs batched at axis 0."""
+        tensors = [self.tensor(a) for a in args]
+        with self.torch.no_grad():
+            out = self.torch.func.vmap(self.function.apply, in_dims=in_dims, out_dims=0)(*tensors)
+        return [self.array(leaf) for leaf in jax.tree_util.tree_leaves(out)]
+
+
+def _flatten_with_none(tree: Any) -> Any:
+    return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
+
+
+def _differentiable(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and (
+        np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.complexfloating)
+    )
+
+
+class _Batched:
+    """The jaxfn ``vmap`` rule of a Function with its own: one callback over the whole batch."""
+
+    def __init__(self, unbatched: AutogradFunction, original: _Original):
+        self.unbatched, self.original = unbatched, original
+
+    def __call__(self, info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:
+        examples = [_unbatched_spec(a, d) for a, d in zip(args, in_dims)]
+        description = self.unbatched.outputs(*examples)
+        specs = [jax.ShapeDtypeStruct((info.batch_size, *s.shape), s.dtype) for s in description.avals]
+        arrays = [a for a in args if isinstance(a, jax.Array)]
+        dims = tuple(in_dims)
+
+        def host(*values: Any) -> Any:
+            it = iter(values)
+            full = [np.asarray(next(it)) if isinstance(a, jax.Array) else a for a in args]
+            outs = self.original.batched(dims, *full)
+            return tuple(np.asarray(o).astype(s.dtype, copy=False) for o, s in zip(outs, specs))
+
+        outs = jax.pure_callback(host, tuple(specs), *arrays, vmap_method="sequential")
+        return description.rebuild(list(outs)), 0
+
+
+def _unbatched_spec(value: Any, dim: Any) -> Any:
+    if not isinstance(value, jax.Array) or dim is None:
+        return value
+    shape = tuple(np.shape(value))
+    return np.zeros(shape[:dim] + shape[dim + 1 :], value.dtype)  # what the probe reads: shape and dtype
