@@ -326,8 +326,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
+    parser.add_argument(
+        "--only", nargs="+", choices=["1", "1b", "2", "2b", "3", "4"], help="run these sections alone (default: all)"
+    )
     args = parser.parse_args()
     repeats = 5 if args.quick else 15
+    sections = set(args.only or ["1", "1b", "2", "2b", "3", "4"])
     batches = [64, 1024] if args.quick else [64, 256, 1024, 4096, 8192]
     results: dict = {
         "machine": f"{platform.processor() or platform.machine()}, {len(jax.devices())} "
@@ -335,104 +339,115 @@ def main():
     }
     print(f"# jaxfn benchmark\n\n{results['machine']}\n")
 
-    print(
-        "## 1. Compiled training step (the tutorial's net, a fori_loop of 100 steps; 20 above batch 1024), per step\n"
-    )
-    print(
-        "| batch | jaxfn | jaxfn forward_mode | custom_vjp | plain autodiff | jaxfn / custom_vjp (wall, CPU) "
-        "| forward_mode / custom_vjp (wall, CPU) | HLO instructions (jaxfn / fwd-mode / custom_vjp / plain) "
-        "| same optimized program as custom_vjp (jaxfn / fwd-mode / plain) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    results["compiled_step"] = {}
-    for batch in batches:
-        t, hlo, same = compiled_step(batch, repeats)
-        results["compiled_step"][batch] = {"seconds": t, "hlo": hlo, "same_program": same}
-        (jw, jc), (fw, fc), (vw, vc) = t["jaxfn"], t["jaxfn forward_mode"], t["custom_vjp"]
-        yes = {True: "yes", False: "no"}
+    if "1" in sections:
         print(
-            f"| {batch} | {us(jw)} | {us(fw)} | {us(vw)} | {us(t['plain autodiff'][0])} | "
-            f"{jw / vw:.3f}, {jc / vc:.3f} | {fw / vw:.3f}, {fc / vc:.3f} | {hlo['jaxfn']} / "
-            f"{hlo['jaxfn forward_mode']} / {hlo['custom_vjp']} / {hlo['plain autodiff']} | "
-            f"{yes[same['jaxfn']]} / {yes[same['jaxfn forward_mode']]} / {yes[same['plain autodiff']]} |",
-            flush=True,
+            "## 1. Compiled training step (the tutorial's net, a fori_loop of 100 steps; 20 above batch 1024), "
+            "per step\n"
         )
-
-    print("\n## 1b. Dispatch: one jitted training step called from Python, per call, every builder\n")
-    names = list(make_builders())
-    print("| batch | how | " + " | ".join(names) + " | " + " | ".join(f"{n} / custom_vjp" for n in names[1:]) + " |")
-    print("|---|---|" + "---|" * (2 * len(names) - 1))
-    results["dispatch"] = {}
-    for batch in (64,) if args.quick else (64, 1024):
-        t = dispatch(batch, repeats)
-        results["dispatch"][batch] = t
-        for how in ("waited", "back to back"):
-            r = [t[f"{n} {how}"] for n in names]
+        print(
+            "| batch | jaxfn | jaxfn forward_mode | custom_vjp | plain autodiff | jaxfn / custom_vjp (wall, CPU) "
+            "| forward_mode / custom_vjp (wall, CPU) | HLO instructions (jaxfn / fwd-mode / custom_vjp / plain) "
+            "| same optimized program as custom_vjp (jaxfn / fwd-mode / plain) |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        results["compiled_step"] = {}
+        for batch in batches:
+            t, hlo, same = compiled_step(batch, repeats)
+            results["compiled_step"][batch] = {"seconds": t, "hlo": hlo, "same_program": same}
+            (jw, jc), (fw, fc), (vw, vc) = t["jaxfn"], t["jaxfn forward_mode"], t["custom_vjp"]
+            yes = {True: "yes", False: "no"}
             print(
-                f"| {batch} | {how} | "
-                + " | ".join(us(v) for v in r)
-                + " | "
-                + " | ".join(f"{v / r[0]:.2f}" for v in r[1:])
-                + " |",
+                f"| {batch} | {us(jw)} | {us(fw)} | {us(vw)} | {us(t['plain autodiff'][0])} | "
+                f"{jw / vw:.3f}, {jc / vc:.3f} | {fw / vw:.3f}, {fc / vc:.3f} | {hlo['jaxfn']} / "
+                f"{hlo['jaxfn forward_mode']} / {hlo['custom_vjp']} / {hlo['plain autodiff']} | "
+                f"{yes[same['jaxfn']]} / {yes[same['jaxfn forward_mode']]} / {yes[same['plain autodiff']]} |",
                 flush=True,
             )
 
-    print("\n## 2. Trace + compile of one training step (fresh functions each repeat)\n")
-    t = trace_and_compile(max(3, repeats // 2))
-    results["trace_compile"] = t
-    print("| jaxfn | custom_vjp | ratio |\n|---|---|---|")
-    print(f"| {t['jaxfn'] * 1e3:.1f} ms | {t['custom_vjp'] * 1e3:.1f} ms | {t['jaxfn'] / t['custom_vjp']:.2f} |")
-
-    print("\n## 2b. Tracing jax.grad of N chained calls (jax.make_jaxpr; fresh functions each repeat)\n")
-    print(
-        "| N | jaxfn (wall) | custom_vjp (wall) | ratio (wall) | jaxfn (CPU) | custom_vjp (CPU) | ratio (CPU) "
-        "| jaxfn extra per call (CPU) | custom_vjp with jaxfn's features / custom_vjp (wall, CPU) |"
-        "\n|---|---|---|---|---|---|---|---|---|"
-    )
-    results["chained_trace"] = {}
-    for n in (10, 100) if args.quick else (10, 100, 1000):
-        t = chained_trace(n, max(3, repeats // 2) if n == 1000 else repeats)
-        results["chained_trace"][n] = t
-        (jw, jc), (vw, vc), (fw, fc) = t["jaxfn"], t["custom_vjp"], t["custom_vjp with jaxfn's features"]
+    if "1b" in sections:
+        print("\n## 1b. Dispatch: one jitted training step called from Python, per call, every builder\n")
+        names = list(make_builders())
         print(
-            f"| {n} | {jw * 1e3:.1f} ms | {vw * 1e3:.1f} ms | {jw / vw:.2f} | {jc * 1e3:.1f} ms | {vc * 1e3:.1f} ms "
-            f"| {jc / vc:.2f} | {(jc - vc) / n * 1e6:.0f} us | {fw / vw:.2f}, {fc / vc:.2f} |",
-            flush=True,
+            "| batch | how | " + " | ".join(names) + " | " + " | ".join(f"{n} / custom_vjp" for n in names[1:]) + " |"
         )
+        print("|---|---|" + "---|" * (2 * len(names) - 1))
+        results["dispatch"] = {}
+        for batch in (64,) if args.quick else (64, 1024):
+            t = dispatch(batch, repeats)
+            results["dispatch"][batch] = t
+            for how in ("waited", "back to back"):
+                r = [t[f"{n} {how}"] for n in names]
+                print(
+                    f"| {batch} | {how} | "
+                    + " | ".join(us(v) for v in r)
+                    + " | "
+                    + " | ".join(f"{v / r[0]:.2f}" for v in r[1:])
+                    + " |",
+                    flush=True,
+                )
 
-    print("\n## 3. One eager (un-jitted) call of my_relu: op by op against custom_vjp, jit=True against jax.jit\n")
-    print(
-        "| batch | how | jaxfn | custom_vjp | jaxfn / custom_vjp | jaxfn jit=True | jit plain "
-        "| jit=True / jit plain |\n|---|---|---|---|---|---|---|---|"
-    )
-    results["eager_call"] = {}
-    for batch in batches:
-        t = eager_call(batch, repeats)
-        results["eager_call"][batch] = t
-        for how in ("waited", "back to back"):
-            r = {k.removesuffix(f" {how}"): v for k, v in t.items() if k.endswith(f" {how}")}
+    if "2" in sections:
+        print("\n## 2. Trace + compile of one training step (fresh functions each repeat)\n")
+        t = trace_and_compile(max(3, repeats // 2))
+        results["trace_compile"] = t
+        print("| jaxfn | custom_vjp | ratio |\n|---|---|---|")
+        print(f"| {t['jaxfn'] * 1e3:.1f} ms | {t['custom_vjp'] * 1e3:.1f} ms | {t['jaxfn'] / t['custom_vjp']:.2f} |")
+
+    if "2b" in sections:
+        print("\n## 2b. Tracing jax.grad of N chained calls (jax.make_jaxpr; fresh functions each repeat)\n")
+        print(
+            "| N | jaxfn (wall) | custom_vjp (wall) | ratio (wall) | jaxfn (CPU) | custom_vjp (CPU) | ratio (CPU) "
+            "| jaxfn extra per call (CPU) | custom_vjp with jaxfn's features / custom_vjp (wall, CPU) |"
+            "\n|---|---|---|---|---|---|---|---|---|"
+        )
+        results["chained_trace"] = {}
+        for n in (10, 100) if args.quick else (10, 100, 500):
+            t = chained_trace(n, max(3, repeats // 2) if n == 1000 else repeats)
+            results["chained_trace"][n] = t
+            (jw, jc), (vw, vc), (fw, fc) = t["jaxfn"], t["custom_vjp"], t["custom_vjp with jaxfn's features"]
             print(
-                f"| {batch} | {how} | {us(r['jaxfn'])} | {us(r['custom_vjp'])} | {r['jaxfn'] / r['custom_vjp']:.2f} | "
-                f"{us(r['jaxfn jit=True'])} | {us(r['jit plain'])} | {r['jaxfn jit=True'] / r['jit plain']:.2f} |",
+                f"| {n} | {jw * 1e3:.1f} ms | {vw * 1e3:.1f} ms | {jw / vw:.2f} | {jc * 1e3:.1f} ms "
+                f"| {vc * 1e3:.1f} ms | {jc / vc:.2f} | {(jc - vc) / n * 1e6:.0f} us | {fw / vw:.2f}, {fc / vc:.2f} |",
                 flush=True,
             )
 
-    print("\n## 4. The tutorial's training loop: PyTorch eager vs jaxfn compiled, per step (batch 64)\n")
-    torch_row = torch_vs_jaxfn(repeats)
-    if torch_row is None:
-        print("PyTorch is not installed: `pip install torch` to add this row.")
-    elif torch_row == "skip":
+    if "3" in sections:
+        print("\n## 3. One eager (un-jitted) call of my_relu: op by op against custom_vjp, jit=True against jax.jit\n")
         print(
-            f"Not measured: JAX runs on {jax.default_backend()} and this torch can't, and a row comparing "
-            "different devices would mean nothing."
+            "| batch | how | jaxfn | custom_vjp | jaxfn / custom_vjp | jaxfn jit=True | jit plain "
+            "| jit=True / jit plain |\n|---|---|---|---|---|---|---|---|"
         )
-    else:
-        t, version, device = torch_row
-        results["torch"] = {"seconds": t, "torch": version, "device": device}
-        (tn, tt), (jn, jt) = t.items()
-        jax_device = jax.devices()[0].device_kind
-        print(f"| {tn} (torch {version}, {device}) | {jn} ({jax_device}) | speed-up |\n|---|---|---|")
-        print(f"| {us(tt)} | {us(jt)} | {tt / jt:.2f}x |")
+        results["eager_call"] = {}
+        for batch in batches:
+            t = eager_call(batch, repeats)
+            results["eager_call"][batch] = t
+            for how in ("waited", "back to back"):
+                r = {k.removesuffix(f" {how}"): v for k, v in t.items() if k.endswith(f" {how}")}
+                print(
+                    f"| {batch} | {how} | {us(r['jaxfn'])} | {us(r['custom_vjp'])} | "
+                    f"{r['jaxfn'] / r['custom_vjp']:.2f} | "
+                    f"{us(r['jaxfn jit=True'])} | {us(r['jit plain'])} | {r['jaxfn jit=True'] / r['jit plain']:.2f} |",
+                    flush=True,
+                )
+
+    if "4" in sections:
+        print("\n## 4. The tutorial's training loop: PyTorch eager vs jaxfn compiled, per step (batch 64)\n")
+        torch_row = torch_vs_jaxfn(repeats)
+        if torch_row is None:
+            print("PyTorch is not installed: `pip install torch` to add this row.")
+        elif torch_row == "skip":
+            print(
+                f"Not measured: JAX runs on {jax.default_backend()} and this torch can't, and a row comparing "
+                "different devices would mean nothing."
+            )
+        else:
+            t, version, device = torch_row
+            results["torch"] = {"seconds": t, "torch": version, "device": device}
+            (tn, tt), (jn, jt) = t.items()
+            jax_device = jax.devices()[0].device_kind
+            print(f"| {tn} (torch {version}, {device}) | {jn} ({jax_device}) | speed-up |\n|---|---|---|")
+            print(f"| {us(tt)} | {us(jt)} | {tt / jt:.2f}x |")
+
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)
