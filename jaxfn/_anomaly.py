@@ -180,9 +180,7 @@ def _check_traced(name: str, role: str, label: str, value: Any) -> None:
             raise raised
 
     bad_value = jnp.ravel(value)[first] if shape else value
-    # ordered: the checks run in program order, so the first non-finite value is the one reported (on a GPU,
-    # unordered callbacks may run in any order)
-    jax.debug.callback(report, finite.all(), first, bad_value, ordered=True)
+    jax.debug.callback(report, finite.all(), first, bad_value)
 
 
 def _record(raised: BaseException) -> None:
