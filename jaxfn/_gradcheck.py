@@ -242,9 +242,10 @@ def _check_jacobians(f, x0, patterns, labels, eps, atol, rtol, who) -> None:
         for j, ana in zip(own, analytical):
             (k, part), shape, num = parts[j], np.shape(r0[j]), numerical[j]
             if np.any(_excess(ana, num, atol, rtol) > 0):
-                # Located with the finite differences of before, one element at a time (lax.map), so a
+                # Located with finite differences one element at a time, op by op (compiling the whole
+                # function, as lax.map does, took minutes for a long unrolled loop on jax 0.10.0), so a
                 # failure never depends on the function's batching (check_batched_grad checks that).
-                num = numerical[j] = _numerical_one_by_one(f, x0, parts, r0, j, eps)
+                num = numerical[j] = _numerical_one_by_one(f, x0, parts, r0, j, eps, mapped=False)
             _compare(labels[k] + suffix, part, shape, ana, num, atol, rtol, who)
 
 
@@ -294,16 +295,20 @@ def _numerical_jacobian(f, x0, parts, r0, eps, chunk) -> list[np.ndarray]:
     return [difference[o : o + s] for o, s in zip(offsets, sizes)]
 
 
-def _numerical_one_by_one(f, x0, parts, r0, j, eps) -> np.ndarray:
+def _numerical_one_by_one(f, x0, parts, r0, j, eps, mapped: bool = True) -> np.ndarray:
     """Central differences of ``f`` along every element of real part ``j``, one element at a time
-    (``lax.map``, not ``vmap``): independent of the function's batching."""
+    (``lax.map``, not ``vmap``; or, ``mapped=False``, a Python loop run op by op, which compiles
+    no whole function): independent of the function's batching."""
 
     def column(d):
         shifted = lambda step: [r + step * d if i == j else r for i, r in enumerate(r0)]  # noqa: E731
         return (_flat(f(_joined(x0, parts, shifted(eps)))) - _flat(f(_joined(x0, parts, shifted(-eps))))) / (2 * eps)
 
     n, shape = int(np.size(r0[j])), np.shape(r0[j])
-    return np.asarray(jax.lax.map(column, jnp.eye(n, dtype=jnp.float64).reshape((n, *shape))))
+    steps = jnp.eye(n, dtype=jnp.float64).reshape((n, *shape))
+    if not mapped:
+        return np.stack([np.asarray(column(d)) for d in steps])
+    return np.asarray(jax.lax.map(column, steps))
 
 
 def _analytical_jacobian(f, x0, parts, r0, own, size, chunk) -> list[np.ndarray]:
