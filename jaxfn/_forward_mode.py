@@ -83,7 +83,12 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         saved, remainder = ctx.to_residuals()
         if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
             out, saved = _rule.outputs_again(lambda _: primal(*primals)[0], out, saved)
-        saved = _saves.named(definition.name, saved, remainder, primals)
+        named = _saves.named(definition.name, saved, remainder, primals)
+        # what the user's jvp reads (ctx.save_for_forward, attributes), its arrays as residuals too:
+        # nothing crosses into the tangent map from this trace but through them
+        view, view_remainder = _context.for_jvp(ctx).to_residuals() if definition.jvp is not None else ([], None)
+        by_id = {id(a): n for a, n in zip(saved, named)}  # an array saved for both is kept once
+        view = [by_id.get(id(a), a) for a in view]
         avals = _arguments.shape_dtypes(primals)
         names = [args.paths[args.array_positions[i]] for i in wanted]
 
@@ -93,21 +98,20 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
             for i, ct in zip(outs, cotangents):
                 if ct is not None:
                     per_output[i] = ct
-            backward_ctx = Context.from_residuals(list(residuals[len(primals) :]), remainder)
+            backward_ctx = Context.from_residuals(list(residuals[: len(named)]), remainder)
             cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed)
             return [cts[i] for i in wanted]
 
         def user_jvp(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
-            """The tangent map: the user's jvp, on a context from forward run again on the primals."""
-            again = residuals[: len(primals)]
-            jvp_ctx, _, again_info = _rule.run_forward(definition, args, again, perturbed)
+            """The tangent map: the user's jvp, on the context forward left for it."""
             full: list[Any] = [None] * len(primals)
             for i, t in zip(wanted, given):
                 full[i] = t
-            handed = tangents_by_slot(args, again, full, jvp_ctx.materialize_grads)
+            handed = tangents_by_slot(args, tuple(avals), full, ctx.materialize_grads)
             jvp = definition.jvp
-            assert jvp is not None  # chosen only with a jvp rule
-            return out_tangents(definition.name, again_info, jvp(_context.for_jvp(jvp_ctx), *handed))
+            assert jvp is not None and view_remainder is not None  # chosen only with a jvp rule
+            jvp_ctx = Context.from_residuals(list(residuals[len(named) :]), view_remainder)
+            return out_tangents(definition.name, info, jvp(jvp_ctx, *handed))
 
         def derived(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: backward transposed, gated (its checks run where tangents are made)."""
@@ -119,8 +123,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
                 _check_offset(definition.name, lambda *c: pullback(residuals, c), examples, names)
             return list(out_tangents)
 
-        # the primals (what the user's jvp runs forward on again) and the saved arrays (backward's)
-        residuals = (*primals, *saved)
+        residuals = (*named, *view)  # backward's saved arrays, then the jvp's
         tangent_map = derived if definition.jvp is None else user_jvp
         given = tuple(tangents[i] for i in wanted)
         computed = _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
@@ -314,7 +317,7 @@ def tangents_by_slot(args: Arguments, primals: tuple[Any, ...], tangents: list[A
         if args.kinds[position] != DIFF:
             continue
         if tangent is None and materialize:
-            tangent = jnp.zeros(jnp.shape(primal), primal.dtype)
+            tangent = jnp.zeros(primal.shape, primal.dtype)
         leaves[position] = tangent
     values = jax.tree_util.tree_unflatten(args.treedef, leaves)
     return [values[p] if i is None else values[p][i] for p, i in args.slots]
