@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _keys
 from ._context import Context, Remainder
 from ._errors import AutogradFunctionTypeError, error, type_name
 
@@ -45,16 +44,9 @@ def context(remainder: Remainder, leaves: list[Any]) -> Context:
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
 # exactly: an array of a dtype JAX holds as it is (a float32 array; a float64 one with x64 on) as
 # an array; a NumPy scalar, or an array JAX would narrow or can't hold (float64 with x64 off,
-# datetime, strings, records), as its raw bytes; a Python number as its 64-bit bytes. A plain
-# immutable value (a str, None, an enum member) is kept from the probe and must not change from
-# call to call (compared exactly, as the eager path keys them); anything else (an object, which
-# may hold data of this call) can't cross, and is refused.
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Static:
-    value: Any
-    key: Any  # _keys.value_key: tells apart what compares or prints alike
+# datetime, strings, records), as its raw bytes; a Python number as its 64-bit bytes. Any other
+# Python value (a str, None, an object) is kept on the host per call (``KEPT``): a value forward
+# computes from this call's data (a branch it took) is this call's own, never the probe's.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +79,7 @@ def carry(name: str, value: Any) -> Any:
         if isinstance(value, np.generic) or not numeric or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
             return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
         return spec(value)
-    try:
-        return Static(value, _keys.value_key(value))
-    except _keys.Unkeyable:
-        return PerCall()
+    return PerCall()  # kept per call: a Python value forward computes from the data is this call's own
 
 
 class Kept:
@@ -143,8 +132,6 @@ _GONE = (
 
 
 def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
-    if isinstance(carry, Static):
-        return None
     if isinstance(carry, PerCall):
         return jax.ShapeDtypeStruct((8,), np.uint8)
     if isinstance(carry, Number):
@@ -156,14 +143,6 @@ def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
 
 def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
     """Runs on the host after forward: a saved value as what crosses to backward ([] if nothing)."""
-    if isinstance(carry, Static):
-        try:
-            same = _keys.value_key(value) == carry.key
-        except _keys.Unkeyable:
-            same = False
-        if not same:
-            raise error(AutogradFunctionTypeError, name, changed(value, f"{carry.value!r}"))
-        return []
     if isinstance(carry, PerCall):
         return [_pack(name, KEPT.keep(value))]
     if isinstance(carry, Number):
@@ -186,8 +165,6 @@ def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
 
 def receive(name: str, carry: Any, values: Any) -> Any:
     """Runs on the host before backward: a saved value as forward saved it."""
-    if isinstance(carry, Static):
-        return carry.value
     raw = np.asarray(next(values))
     if isinstance(carry, PerCall):
         return KEPT.get(name, _unpack(int, raw))
@@ -202,8 +179,8 @@ def receive(name: str, carry: Any, values: Any) -> Any:
 def changed(value: Any, first: str) -> str:
     return (
         f"a host forward (host=True) saved {_short(value)} on ctx where the first call of this signature saved "
-        f"{first}; the values saved must keep their kind, dtype and shape from call to call (values that are not "
-        "numbers or arrays are kept from that first call), so save values of fixed kinds and shapes"
+        f"{first}; saved numbers and arrays must keep their kind, dtype and shape from call to call (they cross "
+        "to backward as arrays of that first call's type), so save numbers and arrays of fixed kinds and shapes"
     )
 
 
