@@ -371,3 +371,18 @@ def test_a_keyword_only_parameter_may_be_left_out_of_a_tuple_of_gradients(transf
     g = jaxfn.autograd_function(forward, lambda ctx, g: (), name="empty")
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'empty': backward returned 0 gradients for 2 parameters"):
         jax.grad(lambda x: g(x, scale=3.0).sum())(X)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_saves_are_named_in_every_builder_and_a_checkpoint_policy_keeps_them_by_name(builder):
+    """forward_mode's saves carried no names, so checkpoint policies skipped them silently."""
+    from jaxfn import _saves
+
+    if not _saves.available():
+        pytest.skip("no save names on jax 0.10 with jax_remat3 on")
+    f = _cube(builder)
+    report = jaxfn.saved(lambda x: (f(x) * W).sum(), X)
+    assert [(r.function, r.save) for r in report if r.function] == [("cube", "0")]
+    policy = jax.checkpoint_policies.save_only_these_names("cube.0")
+    loss = jax.checkpoint(lambda x: (f(x) * W).sum(), policy=policy)
+    _close(jax.grad(loss)(X), W * 5.0 * X**3)
