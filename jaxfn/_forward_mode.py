@@ -28,8 +28,9 @@ inputs and not for others; the README names it. Nested jaxfn functions that back
 grad_output are transposed through their forward's operations (``_rule.plain_forward``), as
 their value is what backward computes; in reverse mode they keep their own backward.
 
-The user's jvp reads a context from forward run again on the primals (the tangent map's
-residuals), so nothing crosses into it from the trace that made it.
+The user's jvp reads the context forward left for it (``ctx.save_for_forward``, attributes),
+whose arrays cross as the tangent map's residuals beside backward's saved arrays, so nothing
+crosses into it from the trace that made it but through them.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
-from jax.extend.core import ClosedJaxpr, Jaxpr, Var, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Var, jaxpr_as_fun
 
 from . import _arguments, _context, _jax_private, _linear, _rule, _saves
 from ._arguments import DIFF, Arguments, dtype_kind
@@ -229,7 +230,7 @@ def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
         inputs = [isinstance(v, Var) and v in linear for v in eqn.invars]
         if not any(inputs):
             continue
-        subs = _jaxprs(eqn.params)
+        subs = _jax_private.sub_jaxprs(eqn.params)
         for out in eqn.outvars:
             dtype = out.aval.dtype
             if jnp.issubdtype(dtype, jnp.inexact):
@@ -243,18 +244,6 @@ def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
             if found is not None:
                 return found
     return None
-
-
-def _jaxprs(params: dict[str, Any]) -> list[Any]:
-    """The jaxprs an equation holds (a jit's, a cond's branches, a scan's body)."""
-    found = []
-    for value in params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, ClosedJaxpr):
-                found.append(item.jaxpr)
-            elif isinstance(item, Jaxpr):
-                found.append(item)
-    return found
 
 
 def _holds_zero(dtype: Any) -> bool:

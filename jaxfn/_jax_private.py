@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 from jax.core import Tracer
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
 try:  # the cheapest test of "no JAX transformation is active"
     from jax._src.core import trace_state_clean as _trace_state_clean
@@ -233,15 +234,22 @@ _CALLBACKS = ("pure_callback", "io_callback", "debug_callback", "callback")
 
 def calls_back(jaxpr: Any) -> bool:
     """Whether ``jaxpr`` (or a jaxpr it holds) calls back into Python."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _CALLBACKS:
-            return True
-        for value in eqn.params.values():
-            for item in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(item, "jaxpr", item)
-                if hasattr(inner, "eqns") and calls_back(inner):
-                    return True
-    return False
+    return any(
+        eqn.primitive.name in _CALLBACKS or any(calls_back(sub) for sub in sub_jaxprs(eqn.params)) for eqn in jaxpr.eqns
+    )
+
+
+def sub_jaxprs(params: dict[str, Any]) -> list[Any]:
+    """The jaxprs an equation holds in its parameters (a jit's, a cond's branches, a scan's body;
+    closed ones opened), as jax 0.10-0.12 keep them."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, ClosedJaxpr):
+                found.append(item.jaxpr)
+            elif isinstance(item, Jaxpr):
+                found.append(item)
+    return found
 
 
 # The dtype of a value's tangent (jax._src.core; public only through an array's aval): float0 for

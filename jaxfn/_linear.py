@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arguments import DIFF, dtype_kind
 from ._jax_private import HI_PRIMITIVE, HI_ZERO, SHAPED_ARRAY, is_gradient_accumulator
 
 # forward_map(residuals, tangents) -> tangents out; backward_map(residuals, cotangents) -> one
@@ -44,19 +45,33 @@ def _avals(values: Any) -> tuple[Any, ...]:
     return tuple(jax.typeof(v) for v in values)
 
 
-def _zeros(aval: Any) -> Any:
-    """A zero tangent or cotangent for a value of this aval (float0 for integers)."""
-    if jnp.issubdtype(aval.dtype, jnp.inexact):
+def zeros(aval: Any) -> Any:
+    """A zero tangent or cotangent for a value of this aval (float0 for one that is not
+    differentiated, an integer say); ``_primitive`` makes its zeros here too."""
+    if dtype_kind(aval.dtype) == DIFF:
         return jnp.zeros(aval.shape, aval.dtype)
     return np.zeros(aval.shape, jax.dtypes.float0)
 
 
 def _instantiate(values: Any, avals: Any) -> tuple[Any, ...]:
-    return tuple(_zeros(a) if isinstance(v, HI_ZERO) else v for v, a in zip(values, avals))
+    return tuple(zeros(a) if isinstance(v, HI_ZERO) else v for v, a in zip(values, avals))
 
 
-class _Name:
-    """The primitive's only parameter: equal to itself alone (each map its own primitive)."""
+def of_chosen(function: Callable[..., Any], arrays: Any, which: list[int]) -> Callable[..., Any]:
+    """``function(*arrays)`` as a function of the arrays at positions ``which`` alone, the others fixed."""
+
+    def on(*chosen: Any) -> Any:
+        merged = list(arrays)
+        for i, value in zip(which, chosen):
+            merged[i] = value
+        return function(*merged)
+
+    return on
+
+
+class Name:
+    """A hijax primitive's only parameter: equal to itself alone (each rule its own primitive;
+    ``_primitive`` names its primitives with it too)."""
 
     __slots__ = ("name",)
 
@@ -73,7 +88,7 @@ class _Linear(HI_PRIMITIVE):
     def __init__(self, name: str, forward_map: Map, backward_map: Map, res_avals: Any, t_avals: Any, out_avals: Any):
         self.in_avals = (tuple(res_avals), tuple(t_avals))
         self.out_aval = tuple(out_avals)
-        self.params = {"jaxfn_tangents": _Name(name)}
+        self.params = {"jaxfn_tangents": Name(name)}
         self.name, self.forward_map, self.backward_map = name, forward_map, backward_map
         super().__init__()
 
@@ -94,17 +109,15 @@ class _Linear(HI_PRIMITIVE):
         out_tangents = self(residuals, _instantiate(d_ts, self.in_avals[1]))
         moved = [i for i, d in enumerate(d_residuals) if not isinstance(d, HI_ZERO)]
         if moved:  # the map is not linear in its residuals: their tangents go through its operations
-
-            def on(*chosen: Any) -> tuple[Any, ...]:
-                merged = list(residuals)
-                for i, value in zip(moved, chosen):
-                    merged[i] = value
-                return tuple(self.forward_map(tuple(merged), tuple(ts)))
-
+            on = of_chosen(self._on_residuals(ts), residuals, moved)
             chosen = tuple(residuals[i] for i in moved)
             extra = jax.jvp(on, chosen, tuple(d_residuals[i] for i in moved))[1]
             out_tangents = tuple(a + b for a, b in zip(out_tangents, extra))
         return out, out_tangents
+
+    def _on_residuals(self, ts: Any) -> Callable[..., tuple[Any, ...]]:
+        """The map as a function of its residuals, the tangents fixed."""
+        return lambda *residuals: tuple(self.forward_map(tuple(residuals), tuple(ts)))
 
     def vjp_fwd(self, perturbed: Any, residuals: Any, ts: Any) -> tuple[Any, Any]:
         return self(residuals, ts), (tuple(residuals), tuple(ts))
@@ -113,17 +126,11 @@ class _Linear(HI_PRIMITIVE):
         residuals, ts = saved
         cts = tuple(None if isinstance(c, HI_ZERO) else c for c in cotangents)
         grads = self.backward_map(residuals, cts) if any(c is not None for c in cts) else (None,) * len(ts)
-        t_grads = tuple(_zeros(a) if g is None else g for g, a in zip(grads, self.in_avals[1]))
+        t_grads = tuple(zeros(a) if g is None else g for g, a in zip(grads, self.in_avals[1]))
         which = [i for i, a in enumerate(self.in_avals[0]) if jnp.issubdtype(a.dtype, jnp.inexact)]
-        res_grads = [_zeros(a) for a in self.in_avals[0]]
+        res_grads = [zeros(a) for a in self.in_avals[0]]
         if which and any(c is not None for c in cts):
-
-            def on(*chosen: Any) -> tuple[Any, ...]:
-                merged = list(residuals)
-                for i, value in zip(which, chosen):
-                    merged[i] = value
-                return tuple(self.forward_map(tuple(merged), tuple(ts)))
-
+            on = of_chosen(self._on_residuals(ts), residuals, which)
             _, pullback = jax.vjp(on, *[residuals[i] for i in which])
             for i, g in zip(which, pullback(_instantiate(cotangents, self.out_aval))):
                 res_grads[i] = g
@@ -156,7 +163,7 @@ class _Linear(HI_PRIMITIVE):
                 for i, c in zip(present, given):
                     full[i] = c
                 grads = backward_map(tuple(r), tuple(full))
-                return [_zeros(a) if g is None else g for g, a in zip(grads, self.in_avals[1])]
+                return [zeros(a) if g is None else g for g, a in zip(grads, self.in_avals[1])]
 
             grads = vmap(one, (r_axes, 0))(list(residuals), [cts[i] for i in present])
             # a tangent that is not batched gets the sum over the batch, as JAX's own batching gives

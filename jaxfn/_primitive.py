@@ -36,7 +36,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
@@ -77,25 +76,13 @@ class _Rules:
     vmap: Callable[..., tuple[Any, Any]] | None  # vmap(size, dims, *arrays) -> (outs, out_dims)
 
 
-class _Identity:
-    """A primitive's only parameter: equal to itself alone (each call structure its own primitive)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
 class _Primitive(_BASE):
     """One call structure's primitive; the rules are ``_Rules``."""
 
     def __init__(self, rules: _Rules, in_avals: tuple[Any, ...], out_avals: tuple[Any, ...]):
         self.in_avals = tuple(in_avals)
         self.out_aval = tuple(out_avals)
-        self.params = {"jaxfn": _Identity(rules.name)}
+        self.params = {"jaxfn": _linear.Name(rules.name)}
         self.rules = rules
         super().__init__()
 
@@ -112,7 +99,7 @@ class _Primitive(_BASE):
     def vjp_bwd_retval(self, residuals: Any, cotangents: Any) -> tuple[Any, ...]:
         cts = [SymbolicZero(None) if isinstance(c, _Zero) else c for c in cotangents]  # type: ignore[arg-type]
         grads = self.rules.bwd(residuals, cts)
-        return tuple(_zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
+        return tuple(_linear.zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
 
     def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
         # the tangents through _linear: where JAX transposes them (jax.grad under jax.checkpoint),
@@ -216,13 +203,6 @@ def _batched_rules(rules: _Rules, dims: tuple[Any, ...], vmap: Callable[..., Any
     return dataclasses.replace(rules, primal=primal, fwd=fwd, bwd=bwd, jvp=jvp, vmap=None)
 
 
-def _zeros(aval: Any) -> Any:
-    """A zero cotangent for an input of this aval (float0 for integer inputs)."""
-    if dtype_kind(aval.dtype) == DIFF:
-        return jnp.zeros(aval.shape, aval.dtype)
-    return np.zeros(aval.shape, jax.dtypes.float0)
-
-
 def _tangent_aval(aval: Any) -> Any:
     return aval.to_tangent_aval()
 
@@ -292,21 +272,9 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         grads, avals = backward(residuals, cotangents)
-        return [(_zeros(a) if g is None else g) if d else None for g, a, d in zip(grads, avals, in_diff)]
+        return [(_linear.zeros(a) if g is None else g) if d else None for g, a, d in zip(grads, avals, in_diff)]
 
     return fwd, bwd
-
-
-def _of_chosen(function: Callable[..., Any], arrays: Any, which: list[int]) -> Callable[..., Any]:
-    """``function`` as a function of the arrays at positions ``which`` alone, the others fixed."""
-
-    def on(*chosen: Any) -> Any:
-        merged = list(arrays)
-        for i, value in zip(which, chosen):
-            merged[i] = value
-        return function(*merged)
-
-    return on
 
 
 def _through_vjp(primal: Callable[..., tuple[Any, ...]], info: Outputs) -> tuple[Any, Any]:
@@ -316,7 +284,7 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], info: Outputs) -> tuple
 
     def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
         which = [i for i, p in enumerate(perturbed) if p]
-        out, pullback = jax.vjp(_of_chosen(primal, arrays, which), *[arrays[i] for i in which])
+        out, pullback = jax.vjp(_linear.of_chosen(primal, arrays, which), *[arrays[i] for i in which])
         out = out if again is None else again(out)
         return out, (pullback, traces.token((perturbed, _arguments.shape_dtypes(arrays))))
 
@@ -324,12 +292,13 @@ def _through_vjp(primal: Callable[..., tuple[Any, ...]], info: Outputs) -> tuple
         pullback, token = residuals
         perturbed, avals = traces[token]
         cts = [
-            c if dtype_kind(a.dtype) == DIFF and not isinstance(c, SymbolicZero) else _zeros(a)
+            c if dtype_kind(a.dtype) == DIFF and not isinstance(c, SymbolicZero) else _linear.zeros(a)
             for c, a in zip(cotangents, info.avals)
         ]
         grads = iter(pullback(tuple(cts)))
         return [
-            next(grads) if p else (_zeros(a) if dtype_kind(a.dtype) == DIFF else None) for p, a in zip(perturbed, avals)
+            next(grads) if p else (_linear.zeros(a) if dtype_kind(a.dtype) == DIFF else None)
+            for p, a in zip(perturbed, avals)
         ]
 
     return fwd, bwd
@@ -372,7 +341,7 @@ def _through_jvp(derived: Callable[..., Any], info: Outputs) -> Callable[..., An
             leaves = jax.tree_util.tree_flatten(derived(*arrays), is_leaf=lambda x: x is None)[0]
             return tuple(leaf for leaf, is_array in zip(leaves, info.is_array) if is_array)
 
-        on = _of_chosen(arrays_out, primals, which)
+        on = _linear.of_chosen(arrays_out, primals, which)
         out, out_tangents = jax.jvp(on, tuple(primals[i] for i in which), tuple(tangents[i] for i in which))
         return out, [t for t, d in zip(out_tangents, info.differentiable) if d]
 

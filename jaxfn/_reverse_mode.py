@@ -90,13 +90,13 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     reference to a call's arrays.
     """
     forward, backward = rule(definition, args)
-    primal_infos: list[Outputs] = []  # only to check fwd's output against the primal's, naming the function
+    primal_infos: list[Outputs] = []  # the primal's last: only to check fwd's output against it, naming the function
 
     @jax.custom_vjp
     @_signed
     def primal(*arrays: Any) -> Any:
         out, info = _rule.primal(definition, args, arrays)
-        primal_infos.append(info)
+        primal_infos[:] = [info]
         return tuple(out), Described(info)
 
     def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
