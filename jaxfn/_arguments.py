@@ -34,6 +34,7 @@ from jax.tree_util import (
 
 from . import _jax_private
 from ._errors import AutogradFunctionTypeError, error, type_name
+from ._tracers import Closure
 
 DIFF, ARRAY, STATIC = "differentiable", "array", "static"
 
@@ -115,6 +116,21 @@ class Arguments:
         return tuple(self.names[path[0].idx] + keystr(tuple(path[1:])) for path in key_paths_)
 
     @_cached
+    def closed_over(self) -> frozenset[int]:
+        """The leaves that are values a function argument closes over (``_tracers.Closure``)."""
+        found, pending = set(), [(self.treedef, 0)]
+        while pending:
+            treedef, first = pending.pop()
+            data = treedef.node_data()
+            if data is not None and data[0] is Closure:
+                found.update(range(first, first + treedef.num_leaves))
+                continue
+            for child in treedef.children():
+                pending.append((child, first))
+                first += child.num_leaves
+        return frozenset(found)
+
+    @_cached
     def slots(self) -> tuple[tuple[int, int | None], ...]:
         """The arguments as PyTorch counts them: (parameter, None), or (parameter, i) for each
         element of a ``*args`` parameter. A tuple returned by backward has one entry per slot."""
@@ -145,6 +161,15 @@ class Arguments:
         for position, array in zip(self.array_positions, arrays):
             leaves[position] = array
         return list(tree_unflatten(self.treedef, leaves))
+
+    def replacing(self, leaves: dict[int, Any]) -> Arguments:
+        """The same call with some leaves (by index) replaced, split again (a replacement may be a
+        pytree node whose leaves are arrays)."""
+        values = list(self.statics)
+        for position, array in zip(self.array_positions, self.arrays):
+            values[position] = array
+        values = [leaves.get(i, value) for i, value in enumerate(values)]
+        return split(dict(zip(self.names, tree_unflatten(self.treedef, values))), self.varargs)
 
     @property
     def has_containers(self) -> bool:

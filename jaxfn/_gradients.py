@@ -126,6 +126,11 @@ def to_cotangents(
     cotangents = []
     for leaf, aval, want in zip(leaves, avals, wanted):
         grad = per_leaf[leaf]
+        name = args.names[args.owners[leaf]] if want and leaf in args.closed_over else None
+        if name is not None and grads.get(name) is None:
+            missing = (AutogradFunctionTypeError, _closure_without_gradient(name))
+            if missing not in problems:  # once per function, not per value it holds
+                problems.append(missing)
         if grad is None or args.kinds[leaf] != DIFF:
             cotangents.append(None)
             continue
@@ -133,6 +138,16 @@ def to_cotangents(
         cotangents.append(checked if want else None)
     raise_all(problems, function)
     return cotangents
+
+
+def _closure_without_gradient(name: str) -> str:
+    return (
+        f"'{name}' is a function that closes over values being differentiated, so its gradient (the gradient "
+        f"of those values) is needed, but backward returned none for it; return the gradient "
+        f"of '{name}' as a pytree like '{name}' itself, from jax.vjp: _, pull = jax.vjp(lambda f: f(x), "
+        f"{name}); (grad_{name},) = pull(grad_output) (or jax.tree.map(jnp.zeros_like, {name}) if no gradient "
+        "flows through it)"
+    )
 
 
 def _spread(

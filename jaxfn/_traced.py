@@ -16,10 +16,11 @@ from . import _arguments, _eager, _jax_private, _reverse_mode, _rule, _tracers
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 
 _CLOSURE_HELP = (
-    "forward or backward (or a function passed to it as an argument) reads a value that JAX is tracing from "
+    "forward or backward (or a value passed to it as an argument) reads a value that JAX is tracing from "
     "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), "
     "but a custom rule can only give gradients for its own parameters, so that gradient would be lost; pass "
-    "the value to the function as an argument instead"
+    "the value to the function as an argument instead (a function passed as an argument may close over it: "
+    "its closed-over values get gradients, from backward's gradient for that argument)"
 )
 
 
@@ -44,12 +45,13 @@ def call(
     function has a forward-mode rule (else ``jax.jvp`` on it is refused here, in jaxfn's words,
     also where JAX would refuse only when a ``jit`` around it compiles); ``host``: whether its
     forward is host code (which forward mode's gate can't transpose)."""
-    statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
     own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
 
     def differentiated(tracer: Any) -> bool:
         return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
 
+    arguments = _closures(arguments, own)
+    statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
     if _tracers.holds_tracer((user, statics), differentiated):
         raise error(AutogradFunctionTypeError, definition.name, _CLOSURE_HELP)
     if not forward_mode and any(_jax_private.is_forward_mode_tracer(a) for a in arguments.arrays):
@@ -76,6 +78,24 @@ def call(
         if explanation is None:
             raise
         raise error(AutogradFunctionTypeError, definition.name, explanation) from err
+
+
+def _closures(arguments: _arguments.Arguments, own: set[int]) -> _arguments.Arguments:
+    """The arguments with each function that holds traced values (other than the call's own
+    arrays) made a ``_tracers.Closure``, a callable pytree whose leaves are those values; unchanged
+    if none. Every traced float is converted, not only those being differentiated: then no value
+    of another trace reaches the rule's own traces (forward mode's transposition of backward)."""
+
+    def wanted(tracer: Any) -> bool:
+        return id(tracer) not in own and _arguments.is_inexact(tracer.dtype)
+
+    closures = {}
+    for i, (kind, value) in enumerate(zip(arguments.kinds, arguments.statics)):
+        if kind == _arguments.STATIC and callable(value):
+            held = _tracers.tracers_in(value, wanted)
+            if held:
+                closures[i] = _tracers.Closure.holding(value, held)
+    return arguments.replacing(closures) if closures else arguments
 
 
 def _explain(err: Exception) -> str | None:
