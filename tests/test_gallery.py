@@ -186,17 +186,41 @@ def test_fixed_point_plot(plot_png, capsys):
 
 def test_fixed_point_gradcheck():
     x, w, u, _ = deq.example_inputs(batch=3, width=4, features=2, dtype=jnp.float64)
-    assert jaxfn.gradcheck(deq.fixed_point, x, w, u, 60)
+    assert jaxfn.gradcheck(deq.deq_layer, x, w, u, 60)
 
 
 def test_fixed_point_matches_unrolled_at_convergence(maybe_jit):
     args = deq.example_inputs(batch=8, width=16, features=4)
     plain = jax.jit(jax.grad(deq.loss(deq.plain_fixed_point, 100), (0, 1, 2)))(*args)
-    implicit = maybe_jit(jax.grad(deq.loss(deq.fixed_point, 100), (0, 1, 2)))(*args)
-    np.testing.assert_allclose(deq.fixed_point(*args[:3], 100), deq.plain_fixed_point(*args[:3], 100))
-    z = deq.fixed_point(*args[:3], 100)
+    implicit = maybe_jit(jax.grad(deq.loss(deq.deq_layer, 100), (0, 1, 2)))(*args)
+    np.testing.assert_allclose(deq.deq_layer(*args[:3], 100), deq.plain_fixed_point(*args[:3], 100))
+    z = deq.deq_layer(*args[:3], 100)
     np.testing.assert_allclose(z, jnp.tanh(z @ args[1].T + args[0] @ args[2].T), atol=1e-6)  # a fixed point
     for g, p in zip(implicit, plain):
+        np.testing.assert_allclose(g, p, atol=1e-4)
+
+
+def test_fixed_point_of_an_equinox_layer_matches_unrolled():
+    """The layer as an Equinox module (a pytree: its arrays are the argument's leaves) instead of a closure."""
+    eqx = pytest.importorskip("equinox")
+
+    class Layer(eqx.Module):
+        weight: jax.Array
+        injection: jax.Array
+
+        def __call__(self, z):
+            return jnp.tanh(z @ self.weight.T + self.injection)
+
+    x, w, u, target = deq.example_inputs(batch=8, width=16, features=4)
+
+    def loss(x, w, u):
+        layer = Layer(w, x @ u.T)
+        z = deq.fixed_point(layer, jnp.zeros((x.shape[0], w.shape[0]), x.dtype), 100)
+        return 0.5 * jnp.sum((z - target) ** 2)
+
+    got = jax.grad(loss, (0, 1, 2))(x, w, u)
+    want = jax.grad(deq.loss(deq.plain_fixed_point, 100), (0, 1, 2))(x, w, u, target)
+    for g, p in zip(got, want):
         np.testing.assert_allclose(g, p, atol=1e-4)
 
 
@@ -204,7 +228,7 @@ def test_fixed_point_memory_flat_while_unrolled_grows():
     args = deq.example_inputs(batch=16, width=32, features=8)
     temps = {
         (name, n): _temp_bytes(jax.grad(deq.loss(solve, n), (0, 1, 2)), *args)
-        for name, solve in [("unrolled", deq.plain_fixed_point), ("jaxfn", deq.fixed_point)]
+        for name, solve in [("unrolled", deq.plain_fixed_point), ("jaxfn", deq.deq_layer)]
         for n in (10, 1000)
     }
     assert temps["jaxfn", 1000] == temps["jaxfn", 10]
