@@ -50,7 +50,7 @@ def call(
     def differentiated(tracer: Any) -> bool:
         return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
 
-    arguments = _closures(arguments, own)
+    arguments = _closures(arguments)
     statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
     if _tracers.holds_tracer((user, statics), differentiated):
         raise error(AutogradFunctionTypeError, definition.name, _CLOSURE_HELP)
@@ -80,14 +80,14 @@ def call(
         raise error(AutogradFunctionTypeError, definition.name, explanation) from err
 
 
-def _closures(arguments: _arguments.Arguments, own: set[int]) -> _arguments.Arguments:
-    """The arguments with each function that holds traced values (other than the call's own
-    arrays) made a ``_tracers.Closure``, a callable pytree whose leaves are those values; unchanged
-    if none. Every traced float is converted, not only those being differentiated: then no value
-    of another trace reaches the rule's own traces (forward mode's transposition of backward)."""
+def _closures(arguments: _arguments.Arguments) -> _arguments.Arguments:
+    """The arguments with each function that holds traced values made a ``_tracers.Closure``, a
+    callable pytree whose leaves are those values; unchanged if none. Every traced float is
+    converted, not only those being differentiated, and also one that is an argument too (a scan
+    carry): then no value of another trace reaches the rule's own traces."""
 
     def wanted(tracer: Any) -> bool:
-        return id(tracer) not in own and _arguments.is_inexact(tracer.dtype)
+        return _arguments.is_inexact(tracer.dtype)
 
     closures = {}
     for i, (kind, value) in enumerate(zip(arguments.kinds, arguments.statics)):

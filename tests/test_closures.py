@@ -230,3 +230,110 @@ def test_a_flax_nnx_module_s_method():
     got = nnx.grad(lambda m, x: jnp.sum(apply(m.__call__, x) ** 2))(model, X)
     want = nnx.grad(lambda m, x: jnp.sum(m(x) ** 2))(model, X)
     np.testing.assert_allclose(got["kernel"][...], want["kernel"][...], rtol=1e-6)
+
+
+def _check(got, want):
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-7)
+
+
+def test_closures_inside_a_dict_and_as_varargs(maybe_jit):
+    def forward(ctx, fns, x, *more):
+        ctx.save_for_backward(fns, x, *more)
+        return fns["a"](x) + sum(fn(x) for fn in more)
+
+    def backward(ctx, grad_output):
+        fns, x, *more = ctx.saved_tensors
+        _, pull = jax.vjp(lambda fns, x, *more: fns["a"](x) + sum(fn(x) for fn in more), fns, x, *more)
+        return pull(grad_output)
+
+    f = jaxfn.autograd_function(forward, backward, name="f")
+    loss = lambda w, b, x: f({"a": lambda z: jnp.tanh(w @ z)}, x, lambda z: b * z, lambda z: w[0] * z).sum()  # noqa: E731
+    plain = lambda w, b, x: (jnp.tanh(w @ x) + b * x + w[0] * x).sum()  # noqa: E731
+    _check(maybe_jit(jax.grad(loss, (0, 1, 2)))(W, B, X), jax.grad(plain, (0, 1, 2))(W, B, X))
+
+
+@pytest.mark.parametrize("policy", [None, "nothing_saveable", "everything_saveable"])
+def test_under_checkpoint(maybe_jit, policy):
+    loss = _loss(apply, MAKERS["closure"])
+    checkpointed = jax.checkpoint(loss, policy=policy and getattr(jax.checkpoint_policies, policy))
+    _check(maybe_jit(jax.grad(checkpointed, (0, 1, 2)))(W, B, X), jax.grad(_plain, (0, 1, 2))(W, B, X))
+
+
+def test_a_closure_called_with_keywords_and_returning_a_tuple():
+    def forward(ctx, fn, x):
+        ctx.save_for_backward(fn=fn, x=x)
+        a, b = fn(x, scale=2.0)
+        return a + b
+
+    def backward(ctx, grad_output):
+        s = ctx.saved_variables
+        return jax.vjp(lambda fn, x: sum(fn(x, scale=2.0)), s.fn, s.x)[1](grad_output)
+
+    f = jaxfn.autograd_function(forward, backward, name="f")
+    loss = lambda w, x: f(lambda z, scale: (jnp.tanh(w @ z) * scale, z * w[0]), x).sum()  # noqa: E731
+    plain = lambda w, x: (jnp.tanh(w @ x) * 2.0 + x * w[0]).sum()  # noqa: E731
+    _check(jax.jit(jax.grad(loss, (0, 1)))(W, X), jax.grad(plain, (0, 1))(W, X))
+
+
+def test_a_closure_over_a_value_also_passed_as_an_argument(maybe_jit):
+    """A scan carry that the step function closes over and that is also the argument: both paths
+    of its gradient (through the function and through the argument) add up."""
+
+    def steps(f):
+        def run(w, x):
+            body = lambda c, _: (f(lambda z: jnp.tanh(w @ z + c), c), None)  # noqa: E731
+            return lax.scan(body, x, None, length=3)[0].sum()
+
+        return run
+
+    _check(maybe_jit(jax.grad(steps(apply), (0, 1)))(W, X), jax.grad(steps(lambda fn, z: fn(z)), (0, 1))(W, X))
+
+
+def test_a_jaxfn_function_inside_the_closure(maybe_jit):
+    loss = lambda w, b, x: jnp.sum(apply(lambda z: apply(lambda y: _layer(w, b, y), z), x) ** 2)  # noqa: E731
+    _check(maybe_jit(jax.grad(loss, (0, 1, 2)))(W, B, X), jax.grad(_plain, (0, 1, 2))(W, B, X))
+
+
+def _jvp_rule(ctx, tangent_fn, tangent_x):
+    s = ctx.saved_variables
+    return jax.jvp(lambda fn, x: fn(x), (s.fn, s.x), (tangent_fn, tangent_x))[1]
+
+
+def _forward_for_jvp(ctx, fn, x):
+    ctx.save_for_forward(fn=fn, x=x)
+    return _apply_forward(ctx, fn, x)
+
+
+def _vmap_rule(info, in_dims, fn, x):
+    return jax.vmap(apply, in_dims)(fn, x), 0
+
+
+BUILDERS = {
+    "jvp rule": jaxfn.autograd_function(_forward_for_jvp, _apply_backward, jvp=_jvp_rule, name="f"),
+    "vmap rule": jaxfn.autograd_function(_apply_forward, _apply_backward, vmap=_vmap_rule, name="f"),
+    "jit=True": jaxfn.autograd_function(_apply_forward, _apply_backward, jit=True, name="f"),
+}
+
+
+@pytest.mark.parametrize("f", BUILDERS.values(), ids=BUILDERS.keys())
+def test_in_every_builder(maybe_jit, f):
+    loss = _loss(f, MAKERS["closure"])
+    _check(maybe_jit(jax.grad(loss, (0, 1, 2)))(W, B, X), jax.grad(_plain, (0, 1, 2))(W, B, X))
+    ws = jnp.stack([W, -W])
+    _check(
+        maybe_jit(jax.vmap(jax.grad(loss), (0, None, None)))(ws, B, X),
+        jax.vmap(jax.grad(_plain), (0, None, None))(ws, B, X),
+    )
+
+
+def test_jvp_rule_and_linearize_of_a_closure():
+    tangent = jnp.ones_like(W)
+    want = jax.jvp(lambda w: _plain(w, B, X), (W,), (tangent,))
+    loss = _loss(BUILDERS["jvp rule"], MAKERS["closure"])
+    _check(jax.jvp(lambda w: loss(w, B, X), (W,), (tangent,)), want)
+    _check(jax.linearize(lambda w: _loss(apply_fm, MAKERS["partial"])(w, B, X), W)[1](tangent), want[1])
+
+
+def test_gradcheck_of_a_closure():
+    assert jaxfn.gradcheck(lambda w, x: apply(lambda z: jnp.tanh(w @ z), x), W, X)
