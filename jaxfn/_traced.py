@@ -50,7 +50,7 @@ def call(
     def differentiated(tracer: Any) -> bool:
         return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
 
-    arguments = _closures(arguments)
+    arguments = _closures(definition.name, arguments)
     statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
     if _tracers.holds_tracer((user, statics), differentiated):
         raise error(AutogradFunctionTypeError, definition.name, _CLOSURE_HELP)
@@ -80,7 +80,7 @@ def call(
         raise error(AutogradFunctionTypeError, definition.name, explanation) from err
 
 
-def _closures(arguments: _arguments.Arguments) -> _arguments.Arguments:
+def _closures(name: str, arguments: _arguments.Arguments) -> _arguments.Arguments:
     """The arguments with each function that holds traced values made a ``_tracers.Closure``, a
     callable pytree whose leaves are those values; unchanged if none. Every traced float is
     converted, not only those being differentiated, and also one that is an argument too (a scan
@@ -94,7 +94,7 @@ def _closures(arguments: _arguments.Arguments) -> _arguments.Arguments:
         if kind == _arguments.STATIC and callable(value):
             held = _tracers.tracers_in(value, wanted)
             if held:
-                closures[i] = _tracers.Closure.holding(value, held)
+                closures[i] = _tracers.Closure.holding(value, held, name, arguments.paths[i])
     return arguments.replacing(closures) if closures else arguments
 
 

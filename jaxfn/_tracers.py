@@ -18,6 +18,9 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from . import _keys
+from ._errors import AutogradFunctionTypeError, error
+
 _PLAIN = (int, float, complex, bool, str, bytes, type(None))
 
 
@@ -51,13 +54,17 @@ def _tracers(value: Any, wanted: Callable[[Tracer], bool] | None) -> Iterator[Tr
 
 @jax.tree_util.register_pytree_node_class
 class Closure:
-    """A function holding values being differentiated, as a callable pytree whose leaves are
-    those values: a custom rule sees them as inputs (so they get gradients, from backward's
-    cotangent for this pytree), and calling it runs the function with its leaves in their place.
+    """A function holding traced values, as a callable pytree whose leaves are those values: a
+    custom rule sees them as inputs (so they get gradients, from backward's cotangent for this
+    pytree), and calling it runs the function with its leaves in their place.
 
-    The function is traced at each call (``jax.closure_convert``), and the values it reads that
-    are this closure's ``held`` tracers (by identity) are replaced by ``values``, the leaves this
-    instance was rebuilt with: the custom rule's own tracers, or backward's residuals.
+    At each new signature (the shapes and dtypes of the arrays it is called with, and its other
+    arguments) the function is traced once (``jax.closure_convert``), and the values it reads that
+    are this closure's ``held`` tracers (by identity) become inputs, given ``values``: the leaves
+    this instance was rebuilt with (the custom rule's own tracers, or backward's residuals). The
+    traced program is kept on ``held``, shared by every rebuilt instance, so a later call (in
+    backward, when the trace that made the held tracers has ended and JAX refuses to touch them)
+    runs it without reading them.
     """
 
     __slots__ = ("function", "held", "values")
@@ -66,8 +73,8 @@ class Closure:
         self.function, self.held, self.values = function, held, tuple(values)
 
     @classmethod
-    def holding(cls, function: Callable[..., Any], tracers: list[Tracer]) -> Closure:
-        return cls(function, _Held(tuple(tracers)), tuple(tracers))
+    def holding(cls, function: Callable[..., Any], tracers: list[Tracer], name: str, parameter: str) -> Closure:
+        return cls(function, _Held(tuple(tracers), name, parameter), tuple(tracers))
 
     def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, _Held]]:
         return self.values, (self.function, self.held)
@@ -80,32 +87,61 @@ class Closure:
         if all(a is b for a, b in zip(self.values, self.held.tracers)):
             return self.function(*args, **kwargs)  # where it was made: nothing to replace
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        is_array = [isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves]
-        statics = [None if array else leaf for leaf, array in zip(leaves, is_array)]
-
-        def on_arrays(*arrays: Any) -> Any:
-            it = iter(arrays)
-            args_, kwargs_ = jax.tree_util.tree_unflatten(
-                treedef, [next(it) if a else s for a, s in zip(is_array, statics)]
-            )
-            return self.function(*args_, **kwargs_)
-
+        is_array = tuple(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves)
         arrays = [leaf for leaf, array in zip(leaves, is_array) if array]
-        converted, hoisted = jax.closure_convert(on_arrays, *arrays)
-        index = {id(t): i for i, t in enumerate(self.held.tracers)}
-        return converted(*arrays, *(self.values[index[id(h)]] if id(h) in index else h for h in hoisted))
+        statics = [None if array else leaf for leaf, array in zip(leaves, is_array)]
+        try:
+            key: Any = (treedef, is_array, tuple(map(_keys.static_key, statics)), tuple(map(jax.typeof, arrays)))
+        except _keys.Unkeyable:
+            key = None
+        program = self.held.programs.get(key) if key is not None else None
+        if program is None:
+            function = self.function  # not self: JAX's cache of closure_convert keeps on_arrays
+
+            def on_arrays(*arrays: Any) -> Any:
+                it = iter(arrays)
+                args, kwargs = jax.tree_util.tree_unflatten(
+                    treedef, [next(it) if a else s for a, s in zip(is_array, statics)]
+                )
+                return function(*args, **kwargs)
+
+            program = self.held.trace(on_arrays, arrays, treedef)
+            if key is not None:
+                self.held.programs[key] = program
+        converted, inputs = program
+        return converted(*arrays, *(self.values[i] if isinstance(i, int) else i[0] for i in inputs))
 
     def __repr__(self) -> str:
         return f"Closure({self.function!r}, {len(self.values)} values)"
 
 
 class _Held:
-    """The tracers a ``Closure`` was made holding: static (equal only to itself, by identity)."""
+    """What a ``Closure`` was made holding (its tracers; the function and parameter it was passed
+    to, for messages) and its programs, one per signature: static, equal only to itself."""
 
-    __slots__ = ("tracers",)
+    __slots__ = ("tracers", "function", "parameter", "programs")
 
-    def __init__(self, tracers: tuple[Tracer, ...]):
-        self.tracers = tracers
+    def __init__(self, tracers: tuple[Tracer, ...], function: str, parameter: str):
+        self.tracers, self.function, self.parameter = tracers, function, parameter
+        self.programs: dict[Any, tuple[Callable[..., Any], list[Any]]] = {}
+
+    def trace(self, on_arrays: Callable[..., Any], arrays: list[Any], treedef: Any) -> tuple[Callable[..., Any], list]:
+        """The function traced for one signature: the program, and for each of its extra inputs the
+        index of the held tracer it is, or (a value it closes over that is not held,) that value."""
+        try:
+            converted, hoisted = jax.closure_convert(on_arrays, *arrays)
+        except jax.errors.UnexpectedTracerError as err:
+            shapes = ", ".join(str(jax.typeof(a).str_short()) for a in arrays) or "no arrays"
+            raise error(
+                AutogradFunctionTypeError,
+                self.function,
+                f"'{self.parameter}' is a function closing over traced values, and it was called with arguments "
+                f"({shapes}) it had not been called with while those values were being traced (in forward), so "
+                "JAX can no longer read them; call it in forward with arguments of the same shapes, or pass the "
+                "values themselves as arguments",
+            ) from err
+        index = {id(t): i for i, t in enumerate(self.tracers)}
+        return converted, [index[id(h)] if id(h) in index else (h,) for h in hoisted]
 
     def __eq__(self, other: object) -> bool:
         return self is other

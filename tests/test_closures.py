@@ -337,3 +337,29 @@ def test_jvp_rule_and_linearize_of_a_closure():
 
 def test_gradcheck_of_a_closure():
     assert jaxfn.gradcheck(lambda w, x: apply(lambda z: jnp.tanh(w @ z), x), W, X)
+
+
+def test_a_closure_called_in_backward_with_new_shapes_works_or_says_why():
+    """The closure is traced at each signature while its values are being traced (in forward); a
+    call in backward with shapes forward never used must trace it again, which jax 0.10 allows
+    and jax 0.12 refuses (the values' trace has ended): then jaxfn's error names the function."""
+
+    def forward(ctx, fn, x):
+        ctx.save_for_backward(fn=fn, x=x)
+        return fn(x)
+
+    def backward(ctx, grad_output):
+        s = ctx.saved_variables
+        _, pull = jax.vjp(lambda fn: fn(jnp.stack([s.x, s.x]))[0], s.fn)  # a (2, 3) input, new here
+        (grad_fn,) = pull(grad_output)
+        return {"fn": grad_fn, "x": jax.vjp(s.fn, s.x)[1](grad_output)[0]}
+
+    f = jaxfn.autograd_function(forward, backward, name="f")
+    loss = lambda w, x: jnp.sum(f(lambda z: jnp.tanh(z @ w.T), x))  # noqa: E731
+    try:
+        got = jax.grad(loss, (0, 1))(W, X)
+    except jaxfn.AutogradFunctionError as err:
+        assert "'f': 'fn' is a function closing over traced values, and it was called with arguments" in str(err)
+        assert "float64[2,3]" in str(err)
+    else:
+        _check(got, jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w.T)), (0, 1))(W, X))
