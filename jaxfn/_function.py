@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 
@@ -12,6 +12,7 @@ from . import (
     _anomaly,
     _arguments,
     _eager,
+    _finite_differences,
     _forward_mode,
     _host,
     _jax_private,
@@ -39,7 +40,7 @@ class AutogradFunction:
     Attributes:
       name (str): what error messages call the function, and the first part of its saves' names.
       forward (Callable[..., Any]): the forward it was made with.
-      backward (Callable[..., Any]): the backward it was made with.
+      backward (Callable[..., Any] | str): the backward it was made with (or `"finite_differences"`).
       forward_mode (bool): whether forward mode is derived from backward (`forward_mode=True`).
       jit (bool): whether eager calls are compiled (`jit=True`).
 
@@ -54,7 +55,7 @@ class AutogradFunction:
     def __init__(
         self,
         forward: Callable[..., Any],
-        backward: Callable[..., Any],
+        backward: Callable[..., Any] | Literal["finite_differences"],
         *,
         name: str | None = None,
         forward_mode: bool = False,
@@ -86,10 +87,16 @@ class AutogradFunction:
                 ("jvp", jvp),
             )
         )
-        self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
+        if isinstance(backward, str):  # "finite_differences": backward and jvp made from a host forward
+            self._definition = _finite_differences.definition(
+                self.name, backward, host, forward, setup_context, jvp, vmap
+            )
+        else:
+            self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
         _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
-        self._primitive = vmap is not None or (host and jvp is not None)  # built on a hijax primitive (_primitive)
+        # built on a hijax primitive (_primitive): a vmap rule, or a host function's jvp rule
+        self._primitive = vmap is not None or (host and self._definition.jvp is not None)
         self._host = _host.HostFunction(self._definition, output) if host else None
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
@@ -100,7 +107,7 @@ class AutogradFunction:
         return self._given[0]
 
     @property
-    def backward(self) -> Callable[..., Any]:
+    def backward(self) -> Callable[..., Any] | str:
         return self._given[1]
 
     def __repr__(self) -> str:
@@ -228,7 +235,7 @@ def _rebuild(forward: Any, backward: Any, options: dict[str, Any]) -> AutogradFu
 
 def autograd_function(
     forward: Callable[..., Any],
-    backward: Callable[..., Any],
+    backward: Callable[..., Any] | Literal["finite_differences"],
     *,
     name: str | None = None,
     forward_mode: bool = False,
@@ -272,7 +279,9 @@ def autograd_function(
       and `needs_input_grad` is exact;
     * `forward_mode=True` derives `jax.jvp`/`jax.jacfwd` from the same backward; or give a
       `jvp` rule of your own, and a `vmap` rule for `jax.vmap`, as PyTorch's
-      `autograd.Function` takes them.
+      `autograd.Function` takes them;
+    * host code with no derivative at all (a simulator, a SciPy routine) takes
+      `"finite_differences"` in place of backward (with `host=True`).
 
     Args:
       forward: `forward(ctx, *args, **kwargs)`, returning the output: an array, a tuple/list of
@@ -281,7 +290,10 @@ def autograd_function(
       backward: `backward(ctx, *grad_outputs)`, given one `grad_output` per element of a
         tuple/list output (else one), returning the gradients: a dict keyed by parameter name,
         a tuple/list with one entry per argument, a bare array, or `None` (`None` and missing
-        keys mean zero).
+        keys mean zero). Or the string `"finite_differences"`, with `host=True`: backward and a
+        jvp rule by central differences of forward, each gradient in one host call (step
+        `cbrt(eps)·max(1, |x|)` per element; the manual's Host functions page states the cost and
+        accuracy).
       name: what error messages call the function, and the first part of its saves' names
         (`"linear.input"`); default `forward.__name__`.
       forward_mode: also support forward-mode autodiff (`jax.jvp`, `jax.jacfwd`), by
@@ -319,8 +331,8 @@ def autograd_function(
       A callable [`AutogradFunction`][jaxfn.AutogradFunction].
 
     Raises:
-      AutogradFunctionError: if forward or backward is not a function taking ctx first, or the
-        options can't go together.
+      AutogradFunctionError: if forward or backward is not a function taking ctx first (nor
+        backward `"finite_differences"` with `host=True`), or the options can't go together.
 
     >>> import jax, jax.numpy as jnp, jaxfn
     >>> def forward(ctx, tensor, constant):
@@ -405,7 +417,9 @@ class Function:
 
     The class name is the function's name in error messages; `forward_mode = True` (and
     `jit`, `host`, `output`, `setup_context`) as a class attribute is
-    `autograd_function(..., forward_mode=True)`.
+    `autograd_function(..., forward_mode=True)`. With `host = True`, the class attribute
+    `backward = "finite_differences"` in place of a backward method differentiates forward by
+    central differences.
 
     The static methods a subclass defines (each as the parameter of the same name of
     [`autograd_function`][jaxfn.autograd_function]):

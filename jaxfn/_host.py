@@ -136,7 +136,12 @@ class HostFunction:
         def forward(ctx: Context, *given: Any, **named: Any) -> Any:
             args = definition.bind(given, named)
             ctx.jaxfn_host_call = (args.structure(), tuple(args.arrays))
-            return self.build(args.structure())(*args.arrays)
+            out = self.build(args.structure())(*args.arrays)
+            # what the host forward marked non-differentiable (as the probe saw it) is marked here
+            # too, so the jvp rule's tangents are read for the differentiable outputs alone
+            kept = self.outputs(args).differentiable
+            ctx.mark_non_differentiable(*(o for o, d in zip(jax.tree_util.tree_leaves(out), kept) if not d))
+            return out
 
         def jvp(ctx: Context, *tangents: Any) -> Any:
             args, arrays = ctx.jaxfn_host_call

@@ -28,6 +28,7 @@ LAYERS = [
     "_host_values",
     "_host_call",
     "_host",
+    "_finite_differences",
     "_primitive",
     "_traced",
     "_function",
