@@ -184,6 +184,7 @@ class _State:
     forward_named: dict[str, Any] = dataclasses.field(default_factory=dict)
     non_differentiable: list[Any] = dataclasses.field(default_factory=list)
     materialize: bool = True
+    perturbed: tuple[bool, ...] = ()  # per array input: whether JAX differentiates it (forward only)
 
     def holding(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
         """A copy past forward, without the call's inputs, holding these saved values: ``()`` and
@@ -248,9 +249,11 @@ class Context:
         needs_input_grad: dict[str, bool],
         inputs: Sequence[Any] = (),
         needs_by_position: tuple[bool, ...] | None = None,
+        perturbed: tuple[bool, ...] = (),
     ):
         by_position = tuple(needs_input_grad.values()) if needs_by_position is None else needs_by_position
-        object.__setattr__(self, "_state", _State(function, needs_input_grad, by_position, inputs))
+        state = _State(function, needs_input_grad, by_position, inputs, perturbed=perturbed)
+        object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_attrs", {})
 
     # -- forward-only methods --------------------------------------------------------------
@@ -491,6 +494,12 @@ def for_jvp(ctx: Context) -> Context:
     object.__setattr__(view, "_state", state.holding(state.forward_positional, dict(state.forward_named)))
     object.__setattr__(view, "_attrs", dict(ctx._attrs))
     return view
+
+
+def perturbed(ctx: Context) -> tuple[bool, ...]:
+    """Per array input of the call, whether JAX differentiates it (finer than ``needs_input_grad``,
+    which is per argument): what a host function's probe is keyed by. Forward only."""
+    return ctx._state.perturbed
 
 
 def non_differentiable(ctx: Context) -> list[Any]:

@@ -95,8 +95,7 @@ class AutogradFunction:
             self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
         _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
-        # built on a hijax primitive (_primitive): a vmap rule, or a host function's jvp rule
-        self._primitive = vmap is not None or (host and self._definition.jvp is not None)
+        self._primitive = vmap is not None  # built on a hijax primitive (_primitive)
         self._host = _host.HostFunction(self._definition, output) if host else None
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
@@ -138,11 +137,10 @@ class AutogradFunction:
 
     def _build(self, definition: _rule.Definition, args: _arguments.Arguments) -> Any:
         """This mode's custom rule for one call structure: ``call(*arrays)``."""
+        if self._host is not None:  # the host code's callbacks, as a rule like any other
+            definition = self._host.rule
         if self._primitive:
-            own = definition if self._host is None else self._host.traced_definition  # host: callbacks
-            return _primitive.build(own, args, self._host, self.forward_mode)
-        if self._host is not None:
-            return self._host.build(args)
+            return _primitive.build(definition, args, self.forward_mode)
         forward_mode = self.forward_mode or definition.jvp is not None  # derived, or the user's jvp
         return (_forward_mode.build if forward_mode else _reverse_mode.build)(definition, args)
 

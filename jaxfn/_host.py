@@ -1,18 +1,21 @@
-"""``host=True``: the builder for a forward and backward written in NumPy/SciPy.
+"""``host=True``: a forward and backward written in NumPy/SciPy, as a rule every builder takes.
 
-Beside ``_reverse_mode`` (``jax.custom_vjp``) and ``_forward_mode`` (``jax.custom_jvp``), and on
-the same rule: forward runs with a fresh ``Context``, what it saves crosses to backward through
-``Context.to_residuals`` / ``from_residuals``, and backward's result is read and checked by
-``_gradients``. What is particular to host code:
+``HostFunction.rule`` is the user's rule transformed: its forward, backward and jvp are callbacks
+into the host code, and it goes to the same builders as any rule (``_reverse_mode``,
+``_forward_mode`` for a jvp rule, ``_primitive`` for a vmap rule), which give it reverse mode
+through backward, named saves, anomaly checks and the output's description. What is particular
+to host code:
 
-* forward and backward run on the host, through ``jax.pure_callback`` (``_host_call``: once per
-  batch element under ``vmap``, exceptions raised again as themselves when JAX runs them at
-  once), and a second derivative is refused in jaxfn's words;
+* the user's forward and backward run on the host, through ``jax.pure_callback`` (``_host_call``:
+  once per batch element under ``vmap``, exceptions raised again as themselves when JAX runs
+  them at once), each with the user's own ``ctx`` made there; a second derivative is refused in
+  jaxfn's words;
 * ``pure_callback`` must know the shapes and dtypes of what comes back before anything runs:
   forward is probed once per signature on arrays of ones, or (if it fails there, a singular
   matrix say) on seeded standard-normal arrays, and the output is checked against ``output=``
   when the user declares it;
-* saved values cross exactly (``_host_values``): a float64 saved with x64 off is not narrowed;
+* what the host forward saves crosses exactly (``_host_values``: a float64 saved with x64 off is
+  not narrowed), as the saved arrays of the traced rule's own context;
 * an eager call (outside any trace) runs forward directly on NumPy arrays, with no callback.
 """
 
@@ -21,13 +24,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from . import _anomaly, _arguments, _context, _gradients, _host_values, _jax_private, _keys, _rule
 from ._arguments import DIFF, STATIC, Arguments
@@ -37,6 +38,16 @@ from ._host_call import HostCall, bind
 from ._outputs import Outputs
 
 _NUMBERS = (int, float, complex, bool, np.generic)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Call:
+    """What the traced forward of one call keeps for its backward and jvp (a static value on its
+    context, kept per trace): the probe, the call's structure, its arrays' shapes and dtypes."""
+
+    probe: _Probe
+    args: Arguments
+    avals: tuple[jax.ShapeDtypeStruct, ...]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,8 +68,8 @@ class _Probe:
 class HostFunction:
     """A host forward and backward (``definition``) and the output the user declared (or None).
 
-    ``build(args)`` is the traced call (as ``_reverse_mode.build(definition, args)``);
-    ``eager(args)`` the call outside any trace.
+    ``rule`` is what a builder takes for a traced call; ``eager(args)`` is the call outside any
+    trace.
     """
 
     def __init__(self, definition: _rule.Definition, output: Any = None):
@@ -85,76 +96,67 @@ class HostFunction:
         arrays = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in args.arrays]
         return self._probe(args, arrays, (False,) * len(arrays)).info
 
-    def build(self, args: Arguments) -> Callable[..., Any]:
-        """``call(*arrays)``: the full output, through a ``jax.custom_vjp`` whose forward and backward
-        call the host code. ``args`` is the call without its arrays."""
-        name = self.definition.name
-        traces = _rule.Traces()
-        infos: list[Outputs] = []
-
-        @jax.custom_vjp
-        def primal(*arrays: Any) -> Any:
-            probe = self._probe(args, arrays, (False,) * len(arrays))
-            infos.append(probe.info)
-            return tuple(bind(name, self._call(probe, args, "primal"), probe.info.avals, *arrays))
-
-        def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
-            arrays = [p.value for p in primals]
-            probe = self._probe(args, arrays, tuple(bool(p.perturbed) for p in primals))
-            infos.append(probe.info)
-            results = bind(name, self._call(probe, args, "forward"), (*probe.info.avals, *probe.carried), *arrays)
-            outs, carried = results[: len(probe.info.avals)], results[len(probe.info.avals) :]
-            token = traces.token((probe, _arguments.shape_dtypes(arrays), probe.flags))
-            return tuple(outs), (list(carried), token)
-
-        def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
-            carried, token = residuals
-            probe, avals, perturbed = traces[token]
-            present = tuple(
-                flag and not isinstance(ct, SymbolicZero) for flag, ct in zip(probe.info.differentiable, cotangents)
-            )
-            wanted = [i for i, flag in enumerate(perturbed) if flag]
-            host = self._call(probe, args, "backward", present, avals)
-            given = [ct for ct, p in zip(cotangents, present) if p]
-            grads = iter(bind(name, host, tuple(avals[i] for i in wanted), *carried, *given) if wanted else ())
-            return tuple(next(grads) if flag else None for flag in perturbed)
-
-        primal.defvjp(fwd, bwd, symbolic_zeros=True)
-
-        def call(*arrays: Any) -> Any:
-            out = primal(*arrays)
-            return infos[-1].rebuild(out)
-
-        return call
-
     @functools.cached_property
-    def traced_definition(self) -> _rule.Definition:
-        """What ``_primitive`` builds a host function with a ``jvp`` rule from: forward is the host
-        forward's callback, and jvp one callback that runs forward and the user's jvp on the host."""
+    def rule(self) -> _rule.Definition:
+        """The host function as a rule that every builder takes, as it takes a user's: forward,
+        backward and (if the user gave one) jvp are callbacks into the host code.
+
+        forward runs the host forward (``_host_forward``) and keeps what it saved, carried as
+        arrays (``_host_values``), on its own context, with the probe; backward hands them and
+        the grad_outputs JAX gives to the host backward, and returns its gradients by parameter;
+        jvp runs forward and the user's jvp on the host. The user's own ``ctx`` lives on the host."""
         definition = self.definition
+        name = definition.name
 
         def forward(ctx: Context, *given: Any, **named: Any) -> Any:
-            args = definition.bind(given, named)
-            ctx.jaxfn_host_call = (args.structure(), tuple(args.arrays))
-            out = self.build(args.structure())(*args.arrays)
-            # what the host forward marked non-differentiable (as the probe saw it) is marked here
-            # too, so the jvp rule's tangents are read for the differentiable outputs alone
-            kept = self.outputs(args).differentiable
-            ctx.mark_non_differentiable(*(o for o, d in zip(jax.tree_util.tree_leaves(out), kept) if not d))
-            return out
+            call = definition.bind(given, named)
+            args, arrays, flags = call.structure(), call.arrays, _context.perturbed(ctx)  # args: no tracers kept
+            probe = self._probe(args, arrays, flags)
+            if any(flags):
+                specs = (*probe.info.avals, *probe.carried)
+                results = bind(name, self._call(probe, args, "forward"), specs, *arrays)
+                outs = results[: len(probe.info.avals)]
+                ctx.save_for_backward(*results[len(probe.info.avals) :])
+            else:  # nothing is differentiated: nothing saved crosses
+                outs = bind(name, self._call(probe, args, "primal"), probe.info.avals, *arrays)
+            ctx.jaxfn_host = _Call(probe, args, tuple(_arguments.shape_dtypes(arrays)))
+            if definition.jvp is not None:
+                ctx.save_for_forward(*arrays)  # what jvp reads (never a residual of backward)
+            ctx.mark_non_differentiable(*(o for o, d in zip(outs, probe.info.differentiable) if not d))
+            ctx.set_materialize_grads(False)  # grad_outputs JAX does not give stay None: not sent
+            return probe.info.rebuild(list(outs))
+
+        def backward(ctx: Context, *grad_outputs: Any) -> Any:
+            call = ctx.jaxfn_host
+            probe, args = call.probe, call.args
+            given = jax.tree_util.tree_leaves(list(grad_outputs), is_leaf=lambda g: g is None)
+            present = tuple(d and g is not None for d, g in zip(probe.info.differentiable, given))
+            avals = list(call.avals)
+            wanted = [i for i, flag in enumerate(probe.flags) if flag]
+            host = self._call(probe, args, "backward", present, avals)
+            sent = [g for g, p in zip(given, present) if p]
+            grads = iter(bind(name, host, tuple(avals[i] for i in wanted), *ctx.saved_tensors, *sent) if wanted else ())
+            leaves = [None] * len(args.kinds)
+            for position, flag in zip(args.array_positions, probe.flags):
+                leaves[position] = next(grads) if flag else None
+            return dict(zip(args.names, args.treedef.unflatten(leaves)))
 
         def jvp(ctx: Context, *tangents: Any) -> Any:
-            args, arrays = ctx.jaxfn_host_call
+            call = ctx.jaxfn_host
+            args = call.args
             leaves = jax.tree_util.tree_leaves(tangents, is_leaf=lambda x: x is None)
             by_array = [leaves[p] for p in args.array_positions]
             present = tuple(t is not None for t in by_array)
+            arrays = ctx.saved_tensors
             probe = self._probe(args, arrays, present)
             given = [t for t in by_array if t is not None]
-            out = bind(definition.name, self._call(probe, args, "jvp", present), probe.info.avals, *arrays, *given)
+            out = bind(name, self._call(probe, args, "jvp", present), probe.info.avals, *arrays, *given)
             return probe.info.rebuild(list(out))
 
         forward.__signature__ = definition.signature  # type: ignore[attr-defined]
-        return dataclasses.replace(definition, forward=forward, jvp=jvp)
+        return dataclasses.replace(
+            definition, forward=forward, backward=backward, jvp=jvp if definition.jvp is not None else None
+        )
 
     # -- probes and callbacks ----------------------------------------------------------------
     def _probe(self, args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> _Probe:

@@ -9,10 +9,9 @@ an implementation (``expand``), reverse mode (``vjp_fwd``/``vjp_bwd_retval``), f
 
 The rules, each on one call's flat arrays (``_Rules``):
 
-* ``primal``: forward's outputs (``_rule.primal``; a host function's callback);
+* ``primal``: forward's outputs (``_rule.primal``);
 * ``fwd``/``bwd``: reverse mode, from the user's backward through ``_reverse_mode.rule``
-  (forward's context crosses as residuals, its static part per trace in ``_rule.Traces``); for
-  ``host=True``, the host builder's ``jax.custom_vjp`` differentiated by ``jax.vjp``;
+  (forward's context crosses as residuals, its static part per trace in ``_rule.Traces``);
 * ``jvp``: the user's ``jvp(ctx, *tangents)``, reading what forward saved with
   ``ctx.save_for_forward``; or, with ``forward_mode=True``, ``_forward_mode``'s derived rule
   through ``jax.jvp``; or none (forward mode refused in jaxfn's words). Its tangents go through
@@ -39,8 +38,8 @@ import jax.numpy as jnp
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
-from . import _arguments, _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule
-from ._arguments import DIFF, Arguments, dtype_kind
+from . import _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule
+from ._arguments import DIFF, Arguments
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._outputs import Described, Outputs
 
@@ -207,43 +206,26 @@ def _tangent_aval(aval: Any) -> Any:
     return aval.to_tangent_aval()
 
 
-def build(
-    definition: _rule.Definition, args: Arguments, host: Any = None, forward_mode: bool = False
-) -> Callable[..., Any]:
+def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = False) -> Callable[..., Any]:
     """``call(*arrays)``: the function's full output, through one primitive over the arrays.
 
-    ``host``: the ``_host.HostFunction`` of a ``host=True`` function (its callbacks are the
-    primal and reverse mode); ``forward_mode``: derive the jvp rule from backward where the user
-    gave none. ``args`` is the call without its arrays.
+    ``forward_mode``: derive the jvp rule from backward where the user gave none. ``args`` is the
+    call without its arrays.
     """
     name = definition.name
     in_diff = tuple(args.kinds[i] == DIFF for i in args.array_positions)
 
-    if host is not None:
-        host_call = host.build(args)
+    def described(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
+        out, info = _rule.primal(definition, args, arrays)
+        return tuple(out), Described(info)
 
-        def primal(*arrays: Any) -> tuple[Any, ...]:
-            return tuple(jax.tree_util.tree_leaves(host_call(*arrays)))
-
-        def described(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
-            return primal(*arrays), Described(host.outputs(dataclasses.replace(args, arrays=arrays)))
-
-    else:
-
-        def described(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
-            out, info = _rule.primal(definition, args, arrays)
-            return tuple(out), Described(info)
-
-        def primal(*arrays: Any) -> tuple[Any, ...]:
-            return described(*arrays)[0]
+    def primal(*arrays: Any) -> tuple[Any, ...]:
+        return described(*arrays)[0]
 
     def call(*arrays: Any) -> Any:
         shapes, output = jax.eval_shape(described, *arrays)  # the output's description rides along
         info = output.info
-        if host is not None:
-            fwd, bwd = _through_vjp(primal, info)
-        else:
-            fwd, bwd = _reverse_rules(definition, args, in_diff)
+        fwd, bwd = _reverse_rules(definition, args, in_diff)
         if definition.jvp is not None:
             jvp = _user_jvp(definition, args)
         elif forward_mode:
@@ -273,33 +255,6 @@ def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         grads, avals = backward(residuals, cotangents)
         return [(_linear.zeros(a) if g is None else g) if d else None for g, a, d in zip(grads, avals, in_diff)]
-
-    return fwd, bwd
-
-
-def _through_vjp(primal: Callable[..., tuple[Any, ...]], info: Outputs) -> tuple[Any, Any]:
-    """Reverse mode of a function that has its own (a host function's ``jax.custom_vjp``):
-    ``jax.vjp`` over the differentiated inputs; its pullback is the residual."""
-    traces = _rule.Traces()
-
-    def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
-        which = [i for i, p in enumerate(perturbed) if p]
-        out, pullback = jax.vjp(_linear.of_chosen(primal, arrays, which), *[arrays[i] for i in which])
-        out = out if again is None else again(out)
-        return out, (pullback, traces.token((perturbed, _arguments.shape_dtypes(arrays))))
-
-    def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
-        pullback, token = residuals
-        perturbed, avals = traces[token]
-        cts = [
-            c if dtype_kind(a.dtype) == DIFF and not isinstance(c, SymbolicZero) else _linear.zeros(a)
-            for c, a in zip(cotangents, info.avals)
-        ]
-        grads = iter(pullback(tuple(cts)))
-        return [
-            next(grads) if p else (_linear.zeros(a) if dtype_kind(a.dtype) == DIFF else None)
-            for p, a in zip(perturbed, avals)
-        ]
 
     return fwd, bwd
 

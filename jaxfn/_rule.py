@@ -209,7 +209,8 @@ def forward_with_context(
     context: the context, forward's output as returned, and the outputs it marked
     non-differentiable."""
     by_name, by_position = args.needs_input_grad(perturbed)
-    ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position)
+    flags = tuple(map(bool, perturbed))
+    ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position, perturbed=flags)
     values = args.values(arrays)
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
     before = jax.tree_util.tree_flatten(tuple(values)) if args.has_containers else None
