@@ -20,6 +20,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
+from . import _rule
 from ._errors import AutogradFunctionTypeError, error
 
 ONCE = (
@@ -48,6 +49,18 @@ class HostCall:
             raise
 
 
+def _varying_like(arrays: Any, results: Any) -> Any:
+    """Inside ``jax.shard_map``: each result made to vary over every manual axis an input varies
+    over (``pure_callback`` types its results as not varying, though host code computes them per
+    device from what it is given; a cotangent typed so is refused where its input varies)."""
+    if not hasattr(jax, "typeof"):
+        return results
+    axes = frozenset().union(*map(_rule.varying_axes, arrays))
+    if not axes:
+        return results
+    return [jax.lax.pcast(r, tuple(sorted(axes - _rule.varying_axes(r))), to="varying") for r in results]
+
+
 def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
     """``host(*arrays)`` through ``jax.pure_callback`` (once per batch element under ``vmap``).
 
@@ -66,7 +79,7 @@ def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
     raised = None
     host.armed, host.raised = True, None
     try:
-        results = call(*arrays)
+        results = _varying_like(arrays, call(*arrays))
         if all(isinstance(r, jax.Array) and not isinstance(r, Tracer) for r in results):
             jax.block_until_ready(results)  # run at once: an asynchronous device reports here, not later
         return results

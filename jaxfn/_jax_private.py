@@ -260,3 +260,20 @@ from jax._src.core import primal_dtype_to_tangent_dtype as _tangent_dtype  # noq
 def has_tangent(dtype: Any) -> bool:
     """Whether JAX differentiates values of an extended ``dtype`` (its tangent dtype is not float0)."""
     return _tangent_dtype(dtype) != jax.dtypes.float0
+
+
+def traced(function: Any, arrays: Any) -> tuple[Any, list[Any], Any]:
+    """``function`` traced on ``arrays`` (``jax.make_jaxpr``, whose cache holds the function
+    weakly): its program, the values it reads from outside its arguments (the program's constants,
+    the very objects it read) and its output's tree structure. jax 0.10-0.11 give a
+    ``ClosedJaxpr``, jax 0.12 a ``Jaxpr`` that holds its constants: both have ``.jaxpr`` and
+    ``.consts``. (``jax.closure_convert`` caches each traced function with its constants, so a
+    fresh function a call keeps its tracers alive: not used.)"""
+    closed, shapes = jax.make_jaxpr(function, return_shape=True)(*arrays)
+    return closed.jaxpr, list(closed.consts), jax.tree_util.tree_structure(shapes)
+
+
+def run_traced(program: Any, consts: list[Any], arrays: Any) -> list[Any]:
+    """A program from ``traced``, run on other constants and arrays (``jax.core.eval_jaxpr``, in
+    ``jax.core`` on jax 0.10-0.12)."""
+    return jax.core.eval_jaxpr(program, consts, *arrays)

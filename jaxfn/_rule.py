@@ -158,14 +158,16 @@ def vary_together(args: Arguments, arrays: tuple[Any, ...]) -> tuple[Any, ...]:
     """
     if not hasattr(jax, "typeof"):  # no varying-axes tracking in this JAX
         return arrays
-    axes = [_varying_axes(a) for a in arrays]
+    axes = [varying_axes(a) for a in arrays]
     every = frozenset().union(*axes)
     if not every:
         return arrays
-    kinds = [args.kinds[i] for i in args.array_positions]
+    # not what a function argument closes over: its program casts it where it read it (so jax.vjp
+    # of the function in backward gives the cross-device sum itself)
+    cast = [args.kinds[i] == DIFF and i not in args.closed_over for i in args.array_positions]
     return tuple(
-        jax.lax.pcast(a, tuple(sorted(every - own)), to="varying") if kind == DIFF and every - own else a
-        for a, own, kind in zip(arrays, axes, kinds)
+        jax.lax.pcast(a, tuple(sorted(every - own)), to="varying") if flag and every - own else a
+        for a, own, flag in zip(arrays, axes, cast)
     )
 
 
@@ -173,11 +175,11 @@ def zeros_like(array: Any) -> Any:
     """Zeros of ``array``'s shape and dtype, varying over the same manual axes (in ``shard_map``)."""
     array = array if hasattr(array, "dtype") else jnp.asarray(array)
     zeros = jnp.zeros(jnp.shape(array), array.dtype)
-    axes = _varying_axes(array) if hasattr(jax, "typeof") else frozenset()
+    axes = varying_axes(array) if hasattr(jax, "typeof") else frozenset()
     return jax.lax.pcast(zeros, tuple(sorted(axes)), to="varying") if axes else zeros
 
 
-def _varying_axes(array: Any) -> frozenset[str]:
+def varying_axes(array: Any) -> frozenset[str]:
     """The manual mesh axes ``array`` varies over (empty outside ``jax.shard_map``)."""
     aval = jax.typeof(array)
     manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10

@@ -207,7 +207,9 @@ class _Original:
         grads: list[Any] = [None] * len(wanted)
         if pairs and wanted:
             outs, given = zip(*pairs)
-            grads = list(torch.autograd.grad(outs, wanted, given, allow_unused=True))
+            # retain_graph: JAX may run this backward again on the same call (jax.jacrev, a pullback
+            # called twice); the graph goes with the call's kept outputs
+            grads = list(torch.autograd.grad(outs, wanted, given, allow_unused=True, retain_graph=True))
         by_input = iter(grads)
         returned = [
             self.array(next(by_input)) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in call.inputs

@@ -82,17 +82,14 @@ def call(
 
 def _closures(name: str, arguments: _arguments.Arguments) -> _arguments.Arguments:
     """The arguments with each function that holds traced values made a ``_tracers.Closure``, a
-    callable pytree whose leaves are those values; unchanged if none. Every traced float is
-    converted, not only those being differentiated, and also one that is an argument too (a scan
-    carry): then no value of another trace reaches the rule's own traces."""
-
-    def wanted(tracer: Any) -> bool:
-        return _arguments.is_inexact(tracer.dtype)
-
+    callable pytree whose leaves are those values (SPEC section 15); unchanged if none (a function
+    holding nothing traced is handed to forward as it is, section 2). Every traced value is a
+    leaf, not only those being differentiated (a value ``jit`` traces, a loop's index, a key): then
+    no value of another trace reaches the rule's own traces."""
     closures = {}
     for i, (kind, value) in enumerate(zip(arguments.kinds, arguments.statics)):
         if kind == _arguments.STATIC and callable(value):
-            held = _tracers.tracers_in(value, wanted)
+            held = _tracers.tracers_in(value)
             if held:
                 closures[i] = _tracers.Closure.holding(value, held, name, arguments.paths[i])
     return arguments.replacing(closures) if closures else arguments

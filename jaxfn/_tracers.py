@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from . import _keys
+from . import _jax_private, _keys
 from ._errors import AutogradFunctionTypeError, error
 
 _PLAIN = (int, float, complex, bool, str, bytes, type(None))
@@ -59,12 +59,12 @@ class Closure:
     pytree), and calling it runs the function with its leaves in their place.
 
     At each new signature (the shapes and dtypes of the arrays it is called with, and its other
-    arguments) the function is traced once (``jax.closure_convert``), and the values it reads that
-    are this closure's ``held`` tracers (by identity) become inputs, given ``values``: the leaves
-    this instance was rebuilt with (the custom rule's own tracers, or backward's residuals). The
-    traced program is kept on ``held``, shared by every rebuilt instance, so a later call (in
-    backward, when the trace that made the held tracers has ended and JAX refuses to touch them)
-    runs it without reading them.
+    arguments) the function is traced once (closure conversion, as ``jax.closure_convert`` does
+    it), and the values it reads that are this closure's ``held`` tracers (by identity) are given
+    ``values`` instead: the leaves this instance was rebuilt with (the custom rule's own tracers,
+    or backward's residuals). The traced program is kept on ``held``, shared by every rebuilt
+    instance, so a later call (in backward, when the trace that made the held tracers has ended
+    and JAX refuses to touch them) runs it without reading them.
     """
 
     __slots__ = ("function", "held", "values")
@@ -96,7 +96,7 @@ class Closure:
             key = None
         program = self.held.programs.get(key) if key is not None else None
         if program is None:
-            function = self.function  # not self: JAX's cache of closure_convert keeps on_arrays
+            function = self.function
 
             def on_arrays(*arrays: Any) -> Any:
                 it = iter(arrays)
@@ -105,14 +105,27 @@ class Closure:
                 )
                 return function(*args, **kwargs)
 
-            program = self.held.trace(on_arrays, arrays, treedef)
+            program = self.held.trace(on_arrays, arrays)
             if key is not None:
                 self.held.programs[key] = program
-        converted, inputs = program
-        return converted(*arrays, *(self.values[i] if isinstance(i, int) else i[0] for i in inputs))
+        jaxpr, reads, out_tree = program
+        consts = [self.values[r] if isinstance(r, int) else r[0] for r in reads]
+        if any(isinstance(v, Tracer) for v in (*consts, *arrays)):
+            return jax.tree_util.tree_unflatten(out_tree, _jax_private.run_traced(jaxpr, consts, arrays))
+        with jax.ensure_compile_time_eval():  # concrete values (host code, a probe under jit): run now
+            return jax.tree_util.tree_unflatten(out_tree, _jax_private.run_traced(jaxpr, consts, arrays))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name not in _NAMING or name in Closure.__slots__:  # protocols; before __init__
+            raise AttributeError(name)
+        return getattr(self.function, name)  # the function's own attributes (its name, another method)
 
     def __repr__(self) -> str:
         return f"Closure({self.function!r}, {len(self.values)} values)"
+
+
+# A function's attributes that name or describe it, read through a Closure as from the function.
+_NAMING = frozenset({"__name__", "__qualname__", "__module__", "__doc__", "__wrapped__", "__self__", "__func__"})
 
 
 class _Held:
@@ -123,13 +136,14 @@ class _Held:
 
     def __init__(self, tracers: tuple[Tracer, ...], function: str, parameter: str):
         self.tracers, self.function, self.parameter = tracers, function, parameter
-        self.programs: dict[Any, tuple[Callable[..., Any], list[Any]]] = {}
+        self.programs: dict[Any, tuple[Any, list[Any], Any]] = {}
 
-    def trace(self, on_arrays: Callable[..., Any], arrays: list[Any], treedef: Any) -> tuple[Callable[..., Any], list]:
-        """The function traced for one signature: the program, and for each of its extra inputs the
-        index of the held tracer it is, or (a value it closes over that is not held,) that value."""
+    def trace(self, on_arrays: Callable[..., Any], arrays: list[Any]) -> tuple[Any, list[Any], Any]:
+        """The function traced for one signature: its program; for each value the program reads
+        from outside, the index of the held tracer it is, or (a value that is not held) that value
+        in a 1-tuple; and the output's structure."""
         try:
-            converted, hoisted = jax.closure_convert(on_arrays, *arrays)
+            jaxpr, consts, out_tree = _jax_private.traced(on_arrays, arrays)
         except jax.errors.UnexpectedTracerError as err:
             shapes = ", ".join(str(jax.typeof(a).str_short()) for a in arrays) or "no arrays"
             raise error(
@@ -141,7 +155,7 @@ class _Held:
                 "values themselves as arguments",
             ) from err
         index = {id(t): i for i, t in enumerate(self.tracers)}
-        return converted, [index[id(h)] if id(h) in index else (h,) for h in hoisted]
+        return jaxpr, [index[id(c)] if id(c) in index else (c,) for c in consts], out_tree
 
     def __eq__(self, other: object) -> bool:
         return self is other

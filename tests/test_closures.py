@@ -127,17 +127,54 @@ def test_needs_input_grad_names_the_function_and_forward_receives_a_callable_pyt
         seen["needs"] = (ctx.needs_input_grad.fn, ctx.needs_input_grad.x)
         if ctx.needs_input_grad.fn:
             return _apply_backward(ctx, grad_output)
-        s = ctx.saved_variables
+        s = ctx.saved_variables  # fn may be the plain function here (it holds nothing traced)
         return {"x": jax.vjp(s.fn, s.x)[1](grad_output)[0]}
 
     f = jaxfn.autograd_function(forward, backward, name="f")
     jax.grad(lambda w: jnp.sum(f(lambda z: _layer(w, B, z), X)))(W)
     assert seen == {"type": "Closure", "leaves": 1, "needs": (True, False)}  # B is a constant here
-    jax.grad(lambda x: jnp.sum(f(lambda z: _layer(W, B, z), x)))(X)
-    assert seen["type"] == "function" and seen["needs"] == (False, True)  # holds no traced value
-    got = jax.jit(lambda w, x: jax.grad(lambda x: jnp.sum(f(lambda z: _layer(w, B, z), x)))(x))(W, X)
-    assert seen["type"] == "Closure" and seen["needs"] == (False, True)  # traced by jit, not differentiated
+    got = jax.grad(lambda x: jnp.sum(f(lambda z: _layer(W, B, z), x)))(X)
+    assert seen == {"type": "function", "leaves": 1, "needs": (False, True)}  # holds no traced value: as given
     np.testing.assert_allclose(got, jax.grad(lambda x: jnp.sum(_layer(W, B, x)))(X), rtol=1e-6)
+    got = jax.jit(lambda w, x: jax.grad(lambda x: jnp.sum(f(lambda z: _layer(w, B, z), x)))(x))(W, X)
+    assert seen == {"type": "Closure", "leaves": 1, "needs": (False, True)}  # traced by jit, not differentiated
+    np.testing.assert_allclose(got, jax.grad(lambda x: jnp.sum(_layer(W, B, x)))(X), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(f(jnp.sin, x)))(X), jnp.cos(X), rtol=1e-6)
+
+
+def test_a_function_argument_keeps_its_attributes_and_runs_eagerly_as_given():
+    seen = []
+
+    def forward(ctx, fn, x):
+        seen.append((fn.__name__, fn.scale))
+        return fn(x)
+
+    def scaled(z):
+        return z * scaled.scale
+
+    scaled.scale = 3.0
+    f = jaxfn.autograd_function(forward, lambda ctx, g: {"x": g * 3.0}, name="f")
+    np.testing.assert_allclose(jax.grad(lambda x: f(scaled, x).sum())(X), 3.0)
+    np.testing.assert_allclose(f(scaled, X), 3.0 * X)  # eager: the function itself
+    assert seen == [("scaled", 3.0), ("scaled", 3.0)]
+
+
+def test_closures_over_integers_and_keys_are_converted_too(maybe_jit):
+    """A loop index or a PRNG key a function holds is a leaf too (never differentiated): the
+    function can be saved and called in backward after the loop's trace has ended."""
+
+    def loss(w, x, key):
+        noise = jax.random.normal(key, x.shape)
+        body = lambda i, c: c + jnp.sum(apply(lambda z: jnp.tanh(w * z) * i + noise * 0.0, x))  # noqa: E731
+        return lax.fori_loop(0, 3, body, 0.0)
+
+    def plain(w, x, key):
+        return sum(jnp.sum(jnp.tanh(w * x) * i) for i in range(3))
+
+    key = jax.random.key(0)
+    np.testing.assert_allclose(maybe_jit(jax.grad(loss))(0.7, X, key), jax.grad(plain)(0.7, X, key), rtol=1e-6)
+    only_int = jax.jit(lambda n, x: jax.grad(lambda x: apply(lambda z: jnp.sin(z) * n, x).sum())(x))  # n traced
+    np.testing.assert_allclose(only_int(3, X), 3 * jnp.cos(X), rtol=1e-6)
 
 
 def test_a_tuple_backward_returns_the_closure_s_gradient_in_its_slot():
@@ -363,3 +400,82 @@ def test_a_closure_called_in_backward_with_new_shapes_works_or_says_why():
         assert "float64[2,3]" in str(err)
     else:
         _check(got, jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w.T)), (0, 1))(W, X))
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_a_closure_keeps_nothing_alive_after_the_call(transform):
+    """A closure's program is traced with jax.make_jaxpr, whose cache holds the traced function
+    weakly: after the call, neither the user's function nor its traced values are kept (JAX's
+    closure_convert cache kept every call's, with its tracers and arrays)."""
+    import gc
+    import weakref
+
+    made = []
+
+    class Tag:
+        pass
+
+    def loss(w, x):
+        fn = lambda z: jnp.tanh(w @ z)  # noqa: E731
+        fn.tag = Tag()
+        made.append(weakref.ref(fn.tag))
+        return jnp.sum(apply(fn, x) ** 2)
+
+    for scale in range(5):
+        transform(jax.grad(loss))(W * scale, X)
+    gc.collect()
+    assert made and all(ref() is None for ref in made)
+
+
+def test_a_host_function_taking_a_closure_under_jit():
+    """A host forward calling a function argument: under jit its probe runs on example arrays
+    while jit traces, and the closure runs on them at once."""
+    f = jaxfn.autograd_function(lambda ctx, fn, x: np.asarray(fn(x)), "finite_differences", host=True, name="f")
+    loss = lambda w, x: f(lambda z: jnp.tanh(w * z), x).sum()  # noqa: E731
+    want = jax.grad(lambda w, x: jnp.tanh(w * x).sum(), (0, 1))(X, X)
+    for transform in (lambda g: g, jax.jit):
+        _check(transform(jax.grad(loss, (0, 1)))(X, X), want)
+
+
+SHARDED = """
+import jax, jax.numpy as jnp, numpy as np, jaxfn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+def forward(ctx, fn, x):
+    ctx.save_for_backward(fn=fn, x=x)
+    return fn(x)
+def backward(ctx, g):
+    s = ctx.saved_variables
+    grad_fn, grad_x = jax.vjp(lambda fn, x: fn(x), s.fn, s.x)[1](g)
+    return {"fn": grad_fn, "x": grad_x}
+apply = jaxfn.autograd_function(forward, backward, name="apply")
+def hsin_forward(ctx, x):
+    ctx.save_for_backward(x=x)
+    return np.sin(x)
+hsin = jaxfn.autograd_function(hsin_forward, lambda ctx, g: g * np.cos(ctx.saved_variables.x), host=True)
+fdsin = jaxfn.autograd_function(lambda ctx, x: np.sin(x), "finite_differences", host=True)
+mesh = Mesh(np.array(jax.devices()), ("d",))
+x = jax.device_put(jnp.linspace(-1, 1, 32).reshape(8, 4), NamedSharding(mesh, P("d")))
+w = jnp.array([0.5, -2.0, 1.5, 0.2])  # replicated, closed over; the batch is sharded
+def loss(f):
+    body = lambda w, x: jax.lax.psum(jnp.sum(f(lambda z: jnp.tanh(w * z), x)), "d")
+    return lambda w, x: jax.shard_map(body, mesh=mesh, in_specs=(P(), P("d")), out_specs=P())(w, x)
+for transform in (lambda f: f, jax.jit):
+    got = transform(jax.grad(loss(apply), (0, 1)))(w, x)
+    want = jax.grad(loss(lambda fn, x: fn(x)), (0, 1))(w, x)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-5)
+for f in (hsin, fdsin):  # host code inside shard_map: its results vary per device
+    total = jax.shard_map(lambda x: jax.lax.psum(f(x).sum(), "d"), mesh=mesh, in_specs=P("d"), out_specs=P())
+    np.testing.assert_allclose(jax.jit(jax.grad(total))(x), jnp.cos(x), atol=1e-4)
+print("OK")
+"""
+
+
+@pytest.mark.slow
+def test_inside_shard_map_a_closure_over_a_replicated_value_and_host_code():
+    import os
+
+    from seeds import run_on_8_devices
+
+    result = run_on_8_devices(SHARDED, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

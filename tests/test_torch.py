@@ -435,3 +435,27 @@ def test_compare_names_jax_s_32_bit_default_instead_of_failing():
 def test_compare_refuses_what_is_not_a_torch_function():
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"jaxfn.compare takes the original torch.autograd.Function"):
         jaxfn.compare(_ste_port(), _ste_port(), SIGNS)
+
+
+def test_from_torch_backward_runs_again_on_one_call_for_jacrev_and_a_second_pullback():
+    """jax.jacrev runs backward once per output element on the same call, and a pullback may be
+    called twice: PyTorch's graph is kept for that (it freed it after the first backward)."""
+
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**3
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            return 3 * x**2 * grad_output
+
+    cube = jaxfn.from_torch(Cube)
+    x = jnp.array([0.3, -1.2, 2.0])
+    np.testing.assert_allclose(jax.jacrev(cube)(x), np.diag(3 * np.asarray(x) ** 2), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.jacrev(cube))(x), np.diag(3 * np.asarray(x) ** 2), rtol=1e-6)
+    _, pullback = jax.vjp(cube, x)
+    for _ in range(2):
+        np.testing.assert_allclose(pullback(jnp.ones(3))[0], 3 * np.asarray(x) ** 2, rtol=1e-6)
