@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 from jax.core import Tracer
+from jax.core import eval_jaxpr as _eval_jaxpr
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
 try:  # the cheapest test of "no JAX transformation is active"
@@ -276,4 +277,4 @@ def traced(function: Any, arrays: Any) -> tuple[Any, list[Any], Any]:
 def run_traced(program: Any, consts: list[Any], arrays: Any) -> list[Any]:
     """A program from ``traced``, run on other constants and arrays (``jax.core.eval_jaxpr``, in
     ``jax.core`` on jax 0.10-0.12)."""
-    return jax.core.eval_jaxpr(program, consts, *arrays)
+    return _eval_jaxpr(program, consts, *arrays)
