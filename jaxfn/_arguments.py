@@ -96,6 +96,7 @@ class Arguments:
     statics: tuple[Any, ...]  # one per leaf: the value of a STATIC leaf, else None
     arrays: tuple[Any, ...]  # the values of the DIFF and ARRAY leaves, in leaf order
     varargs: str | None = None  # the name of forward's *args parameter, if any
+    implicit: tuple[str, ...] = ()  # the last names: values forward or backward closes over (SPEC 15)
 
     # Derived from the structure alone, and only when needed (not on the eager fast path).
     @_cached
@@ -117,8 +118,11 @@ class Arguments:
 
     @_cached
     def closed_over(self) -> frozenset[int]:
-        """The leaves that are values a function argument closes over (``_tracers.Closure``)."""
-        found, pending = set(), [(self.treedef, 0)]
+        """The leaves that are values a function argument closes over (``_tracers.Closure``), or
+        that forward or backward closes over (``implicit``): backward must return their gradient."""
+        first = len(self.names) - len(self.implicit)
+        found = {leaf for leaf, owner in enumerate(self.owners) if owner >= first}
+        pending = [(self.treedef, 0)]
         while pending:
             treedef, first = pending.pop()
             data = treedef.node_data()
@@ -148,7 +152,7 @@ class Arguments:
 
     def structure(self) -> Arguments:
         """The same call without its array values, to keep in closures without holding arrays."""
-        return Arguments(self.names, self.treedef, self.kinds, self.statics, (), self.varargs)
+        return Arguments(self.names, self.treedef, self.kinds, self.statics, (), self.varargs, self.implicit)
 
     @_cached
     def array_positions(self) -> tuple[int, ...]:
@@ -162,14 +166,18 @@ class Arguments:
             leaves[position] = array
         return list(tree_unflatten(self.treedef, leaves))
 
-    def replacing(self, leaves: dict[int, Any]) -> Arguments:
-        """The same call with some leaves (by index) replaced, split again (a replacement may be a
-        pytree node whose leaves are arrays)."""
+    def replacing(self, leaves: dict[int, Any], implicit: dict[str, Any] | None = None) -> Arguments:
+        """The same call with some leaves (by index) replaced, and ``implicit`` values added as
+        parameters after the others, split again (a replacement may be a pytree node whose leaves
+        are arrays)."""
         values = list(self.statics)
         for position, array in zip(self.array_positions, self.arrays):
             values[position] = array
         values = [leaves.get(i, value) for i, value in enumerate(values)]
-        return split(dict(zip(self.names, tree_unflatten(self.treedef, values))), self.varargs)
+        bound = dict(zip(self.names, tree_unflatten(self.treedef, values)))
+        added = tuple(implicit or ())
+        split_ = split({**bound, **(implicit or {})}, self.varargs)
+        return dataclasses.replace(split_, implicit=self.implicit + added)
 
     @property
     def has_containers(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ from . import (
     _reverse_mode,
     _rule,
     _traced,
+    _tracers,
 )
 from ._errors import TRACER_ERRORS, AutogradFunctionTypeError, error, tracer_error_help
 
@@ -133,7 +135,59 @@ class AutogradFunction:
         """The call under a JAX transformation, through this mode's builder."""
         user = (self.forward, self.backward, self._options["jvp"], self._options["vmap"])
         forward_mode = self.forward_mode or self._definition.jvp is not None
-        return _traced.call(self._build, self._definition, arguments, user, forward_mode, self._host is not None)
+        definition, arguments, user = self._with_closed_over(arguments, user)
+        return _traced.call(self._build, definition, arguments, user, forward_mode, self._host is not None)
+
+    def _with_closed_over(self, arguments: _arguments.Arguments, user: tuple[Any, ...]) -> tuple[Any, ...]:
+        """SPEC section 15: what forward or backward (plain functions) closes over that holds values
+        being differentiated becomes a parameter after forward's own, named as the code names it,
+        so ``ctx.needs_input_grad.<name>`` asks for it and backward returns its gradient by that
+        name. For this call, forward and backward are copies that read the call's values there
+        (``_tracers.with_cells``); forward keeps them on ctx for backward. A function with a jvp or
+        vmap rule, setup_context or host code keeps the refusal (``_traced``)."""
+        unchanged = (self._definition, arguments, user)
+        options = self._options
+        if self._host is not None or options["setup_context"] or options["jvp"] or options["vmap"]:
+            return unchanged
+        own = {id(a) for a in arguments.arrays}  # a module's own parameters, also passed as arguments
+
+        def wanted(tracer: Any) -> bool:  # every traced value (as for a function argument's closure)
+            return id(tracer) not in own
+
+        forward, backward = self.forward, self.backward
+        if not callable(backward):  # "finite_differences" (host code, so not here)
+            return unchanged
+        closed = _tracers.cells_holding(forward, wanted)
+        for name, value in _tracers.cells_holding(backward, wanted).items():
+            if closed.setdefault(name, value) is not value:
+                return unchanged  # two different values under one name: refused as before
+        if not closed or set(closed) & set(arguments.names):
+            return unchanged
+        values = {
+            name: _tracers.Closure.holding(v, _tracers.tracers_in(v), self.name, name) if callable(v) else v
+            for name, v in closed.items()
+        }
+        names = tuple(values)
+
+        def forward_reading(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+            read = {name: kwargs.pop(name) for name in names}
+            setattr(ctx, _CLOSED_OVER, read)  # crosses to backward as saved values do
+            return _tracers.with_cells(forward, read)(ctx, *args, **kwargs)
+
+        def backward_reading(ctx: Any, *grad_outputs: Any) -> Any:
+            return _tracers.with_cells(backward, getattr(ctx, _CLOSED_OVER))(ctx, *grad_outputs)
+
+        functools.update_wrapper(forward_reading, forward)
+        functools.update_wrapper(backward_reading, backward)
+        forward_reading.__signature__ = _with_keyword_only(inspect.signature(forward), names)  # type: ignore[attr-defined]
+        definition = _rule.Definition.of(
+            self.name,
+            _user_function(self.name, "forward", forward_reading),
+            _user_function(self.name, "backward", backward_reading),
+        )
+        hidden = dict.fromkeys(names)  # the user's functions, as _traced checks them, without these values
+        user = (_tracers.with_cells(forward, hidden), _tracers.with_cells(backward, hidden), *user[2:])
+        return definition, arguments.replacing({}, values), user
 
     def _build(self, definition: _rule.Definition, args: _arguments.Arguments) -> Any:
         """This mode's custom rule for one call structure: ``call(*arrays)``."""
@@ -174,6 +228,17 @@ class AutogradFunction:
         info = self.outputs(*args, **kwargs)
         flags = iter(info.differentiable)
         return info.rebuild([next(flags) for _ in info.avals])
+
+
+_CLOSED_OVER = "jaxfn_closed_over"  # the ctx attribute holding what forward and backward close over
+
+
+def _with_keyword_only(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:
+    """``signature`` with keyword-only parameters ``names`` added (before a ``**kwargs``)."""
+    parameters = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(parameters) if p.kind is p.VAR_KEYWORD), len(parameters))
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names]
+    return signature.replace(parameters=[*parameters[:at], *added, *parameters[at:]])
 
 
 def _user_function(name: str, role: str, function: Any) -> Any:

@@ -128,7 +128,7 @@ def to_cotangents(
         grad = per_leaf[leaf]
         name = args.names[args.owners[leaf]] if want and leaf in args.closed_over else None
         if name is not None and grads.get(name) is None:
-            missing = (AutogradFunctionTypeError, _closure_without_gradient(name))
+            missing = (AutogradFunctionTypeError, _closure_without_gradient(name, name in args.implicit))
             if missing not in problems:  # once per function, not per value it holds
                 problems.append(missing)
         if grad is None or args.kinds[leaf] != DIFF:
@@ -140,7 +140,14 @@ def to_cotangents(
     return cotangents
 
 
-def _closure_without_gradient(name: str) -> str:
+def _closure_without_gradient(name: str, implicit: bool) -> str:
+    if implicit:
+        return (
+            f"forward or backward closes over '{name}', which holds values being differentiated, so its gradient "
+            f"is needed (it counts as a parameter after forward's own, named '{name}'), but backward returned none "
+            f"for it; return it keyed by that name ({{'{name}': ...}}, the structure of '{name}'), or pass "
+            f"'{name}' to the function as an argument"
+        )
     return (
         f"'{name}' is a function that closes over values being differentiated, so its gradient (the gradient "
         f"of those values) is needed, but backward returned none for it; return the gradient "

@@ -43,6 +43,7 @@ class Definition:
     vmap: Callable[..., Any] | None = None  # the user's vmap(info, in_dims, *args), if any
     accepts: set[int] = dataclasses.field(default_factory=set)  # grad_output counts backward's signature takes
     keyword_only: tuple[str, ...] = ()  # forward's keyword-only parameters
+    closed_names: tuple[str, ...] = ()  # what forward and backward close over: needs_input_grad says False
 
     @classmethod
     def of(
@@ -87,12 +88,24 @@ class Definition:
             jvp,
             vmap,
             keyword_only=tuple(n for n, p in signature.parameters.items() if p.kind is p.KEYWORD_ONLY),
+            closed_names=_free_names((forward, backward), signature),
         )
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Arguments:
         """One call's arguments, bound to forward's parameters and split into leaves."""
         bound = _arguments.bind(self.name, self.signature, args, kwargs, self.positional)
         return _arguments.split(bound, self.varargs)
+
+
+def _free_names(functions: tuple[Any, ...], signature: inspect.Signature) -> tuple[str, ...]:
+    """The names the user's functions close over (not forward's parameters): a value forward or
+    backward closes over is a parameter where it is differentiated (SPEC section 15), so
+    ``ctx.needs_input_grad.<name>`` is False, not an error, where it is not."""
+    names: dict[str, None] = {}
+    for function in functions:
+        code = getattr(inspect.unwrap(function), "__code__", None)
+        names.update(dict.fromkeys(code.co_freevars if code is not None else ()))
+    return tuple(n for n in names if n not in signature.parameters)
 
 
 class Traces:
@@ -212,6 +225,8 @@ def forward_with_context(
     non-differentiable."""
     by_name, by_position = args.needs_input_grad(perturbed)
     flags = tuple(map(bool, perturbed))
+    if definition.closed_names:  # a closed-over value not made a parameter in this call: not differentiated
+        by_name = {**dict.fromkeys(definition.closed_names, False), **by_name}
     ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position, perturbed=flags)
     values = args.values(arrays)
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
@@ -256,6 +271,8 @@ def run_backward(
         returned = _call_once_differentiable(definition, ctx, grad_outputs)
     else:
         returned = definition.backward(ctx, *grad_outputs)
+    if isinstance(returned, dict) and definition.closed_names:  # a closed-over value not differentiated here
+        returned = {k: v for k, v in returned.items() if k in args.names or k not in definition.closed_names}
     grads = _gradients.by_parameter(definition.name, args, returned, definition.keyword_only)
     cotangents = _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
     if _anomaly.enabled():

@@ -52,6 +52,33 @@ def _tracers(value: Any, wanted: Callable[[Tracer], bool] | None) -> Iterator[Tr
         stack.extend(reversed(_parts(item)))
 
 
+def cells_holding(function: Any, wanted: Callable[[Tracer], bool]) -> dict[str, Any]:
+    """What a plain function closes over that holds tracers ``wanted`` accepts: by the name its
+    code gives each (``co_freevars``). Empty for anything but a plain function."""
+    if type(function) is not types.FunctionType or not function.__closure__:
+        return {}
+    return {
+        name: cell.cell_contents
+        for name, cell in zip(function.__code__.co_freevars, function.__closure__)
+        if cell != _EMPTY_CELL and holds_tracer(cell.cell_contents, wanted)
+    }
+
+
+def with_cells(function: Any, values: dict[str, Any]) -> Any:
+    """A copy of a plain function whose closure reads ``values`` (by name) in place of what it
+    closes over; the function itself where it closes over none of them."""
+    if type(function) is not types.FunctionType or not function.__closure__:
+        return function
+    names = function.__code__.co_freevars
+    if not set(names) & set(values):
+        return function
+    cells = tuple(types.CellType(values[n]) if n in values else c for n, c in zip(names, function.__closure__))
+    copy = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__, cells)
+    copy.__kwdefaults__, copy.__qualname__ = function.__kwdefaults__, function.__qualname__
+    copy.__dict__.update(function.__dict__)
+    return copy
+
+
 @jax.tree_util.register_pytree_node_class
 class Closure:
     """A function holding traced values, as a callable pytree whose leaves are those values: a

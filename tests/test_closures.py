@@ -156,7 +156,7 @@ def test_a_function_argument_keeps_its_attributes_and_runs_eagerly_as_given():
     f = jaxfn.autograd_function(forward, lambda ctx, g: {"x": g * 3.0}, name="f")
     np.testing.assert_allclose(jax.grad(lambda x: f(scaled, x).sum())(X), 3.0)
     np.testing.assert_allclose(f(scaled, X), 3.0 * X)  # eager: the function itself
-    assert seen == [("scaled", 3.0), ("scaled", 3.0)]
+    assert set(seen) == {("scaled", 3.0)} and len(seen) >= 2  # jax_custom_vjp3 traces forward twice
 
 
 def test_closures_over_integers_and_keys_are_converted_too(maybe_jit):
@@ -206,12 +206,97 @@ def test_a_wrong_gradient_structure_for_the_closure_is_refused():
         jax.grad(_loss(f, MAKERS["closure"]))(W, B, X)
 
 
-def test_forward_itself_closing_over_a_differentiated_value_is_still_refused():
-    """forward and backward are the rule: a value they close over has no parameter to carry its
-    gradient, so it is refused (pass it, or a function holding it, as an argument)."""
+def _closing_layer(w, b, name="layer", **options):
+    """A jaxfn function made where it is used, whose forward and backward close over w and b."""
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x=x)
+        return jnp.tanh(w @ x + b)
+
+    def backward(ctx, grad_output):
+        x = ctx.saved_variables.x
+        pre = grad_output * (1 - jnp.tanh(w @ x + b) ** 2)
+        grads = {"x": w.T @ pre}
+        if ctx.needs_input_grad.w:  # a closed-over value counts as a parameter, by its name
+            grads["w"] = jnp.outer(pre, x)
+        if ctx.needs_input_grad.b:
+            grads["b"] = pre
+        return grads
+
+    return jaxfn.autograd_function(forward, backward, name=name, **options)
+
+
+def _closing_loss(w, b, x, **options):
+    return jnp.sum(_closing_layer(w, b, **options)(x) ** 2)
+
+
+@pytest.mark.parametrize("options", [{}, {"forward_mode": True}], ids=["default", "forward_mode"])
+def test_values_forward_and_backward_close_over_get_their_gradient(maybe_jit, options):
+    """SPEC section 15: what forward or backward closes over that is being differentiated is a
+    parameter after forward's own, named as the code names it."""
+    loss = functools.partial(_closing_loss, **options)
+    _check(maybe_jit(jax.grad(loss, (0, 1, 2)))(W, B, X), jax.grad(_plain, (0, 1, 2))(W, B, X))
+    _check(maybe_jit(jax.grad(loss, 2))(W, B, X), jax.grad(_plain, 2)(W, B, X))  # needs_input_grad.w False
+    ws = jnp.stack([W, -W])
+    _check(
+        maybe_jit(jax.vmap(jax.grad(loss), (0, None, None)))(ws, B, X),
+        jax.vmap(jax.grad(_plain), (0, None, None))(ws, B, X),
+    )
+    _check(maybe_jit(jax.jacrev(jax.grad(loss)))(W, B, X), jax.hessian(_plain)(W, B, X))
+
+
+def test_a_closed_over_layer_and_a_tuple_backward():
+    def loss(w, b, x):
+        layer = lambda z: _layer(w, b, z)  # noqa: E731
+
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return layer(x)
+
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            _, pull = jax.vjp(lambda layer, x: layer(x), layer, x)
+            grad_layer, grad_x = pull(grad_output)
+            return grad_x, grad_layer  # one entry per parameter, the closed-over one last
+
+        return jnp.sum(jaxfn.autograd_function(forward, backward, name="f")(x) ** 2)
+
+    _check(jax.jit(jax.grad(loss, (0, 1, 2)))(W, B, X), jax.grad(_plain, (0, 1, 2))(W, B, X))
+
+
+def test_a_backward_without_the_gradient_of_a_closed_over_value_is_refused():
+    def loss(w, x):
+        f = jaxfn.autograd_function(lambda ctx, x: w * x, lambda ctx, g: {"x": g * w}, name="scale")
+        return jnp.sum(f(x))
+
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'scale': forward or backward closes over 'w', which"):
+        jax.grad(loss)(2.0, X)
+    np.testing.assert_allclose(jax.grad(loss, 1)(2.0, X), 2.0)  # w not differentiated: nothing needed
+
+
+def test_a_gradient_for_a_closed_over_value_not_differentiated_is_dropped():
+    def loss(w, x):
+        def forward(ctx, x):
+            ctx.save_for_backward(x=x)
+            return w * x
+
+        def backward(ctx, g):
+            return {"x": g * w, "w": jnp.sum(g * ctx.saved_variables.x)}  # "w" whether or not it is asked for
+
+        return jnp.sum(jaxfn.autograd_function(forward, backward, name="scale")(x))
+
+    np.testing.assert_allclose(jax.grad(loss, 1)(2.0, X), 2.0)
+    np.testing.assert_allclose(jax.grad(loss, 0)(2.0, X), jnp.sum(X))
+
+
+def test_closures_of_a_rule_with_a_jvp_rule_are_still_refused():
+    """A jvp rule would need the closed-over value's tangent, which it has no parameter for: such
+    a function keeps the refusal (pass the value, or a function holding it, as an argument)."""
 
     def make(w):
-        return jaxfn.autograd_function(lambda ctx, x: x * w, lambda ctx, g: g * w, name="scale")
+        return jaxfn.autograd_function(
+            lambda ctx, x: x * w, lambda ctx, g: {"x": g * w}, jvp=lambda ctx, t: t * w, name="scale"
+        )
 
     with pytest.raises(
         jaxfn.AutogradFunctionError,
