@@ -118,11 +118,15 @@ class Arguments:
 
     @_cached
     def closed_over(self) -> frozenset[int]:
-        """The leaves that are values a function argument closes over (``_tracers.Closure``), or
-        that forward or backward closes over (``implicit``): backward must return their gradient."""
+        """The leaves that are values a function argument closes over (``in_closures``), or that
+        forward or backward closes over (``implicit``): backward must return their gradient."""
         first = len(self.names) - len(self.implicit)
-        found = {leaf for leaf, owner in enumerate(self.owners) if owner >= first}
-        pending = [(self.treedef, 0)]
+        return self.in_closures | {leaf for leaf, owner in enumerate(self.owners) if owner >= first}
+
+    @_cached
+    def in_closures(self) -> frozenset[int]:
+        """The leaves inside a ``_tracers.Closure``: values a function reads through its program."""
+        found, pending = set(), [(self.treedef, 0)]
         while pending:
             treedef, first = pending.pop()
             data = treedef.node_data()
@@ -137,9 +141,12 @@ class Arguments:
     @_cached
     def slots(self) -> tuple[tuple[int, int | None], ...]:
         """The arguments as PyTorch counts them: (parameter, None), or (parameter, i) for each
-        element of a ``*args`` parameter. A tuple returned by backward has one entry per slot."""
+        element of a ``*args`` parameter; not what forward or backward closes over (``implicit``,
+        by name only). A tuple returned by backward has one entry per slot."""
         slots: list[tuple[int, int | None]] = []
         for position, (name, child) in enumerate(zip(self.names, self.treedef.children())):
+            if name in self.implicit:  # a closed-over value is named, never counted (SPEC 15)
+                continue
             if name == self.varargs:
                 slots.extend((position, i) for i in range(len(child.children())))
             else:
@@ -190,7 +197,7 @@ class Arguments:
         by_leaf = [False] * len(self.kinds)
         for leaf, flag in zip(self.array_positions, perturbed):
             by_leaf[leaf] = bool(flag)
-        if self.varargs is None and not self.has_containers:  # one leaf per parameter
+        if self.varargs is None and not self.has_containers and not self.implicit:  # one leaf per parameter
             return dict(zip(self.names, by_leaf)), tuple(by_leaf)
         by_name = dict.fromkeys(self.names, False)
         leaf = 0
@@ -199,7 +206,9 @@ class Arguments:
             counts = [c.num_leaves for c in child.children()] if self.names[position] == self.varargs else None
             flags = by_leaf[leaf : leaf + child.num_leaves]
             by_name[self.names[position]] = any(flags)
-            if counts is None:
+            if self.names[position] in self.implicit:
+                pass  # a closed-over value: by name only
+            elif counts is None:
                 per_slot.append(any(flags))
             else:
                 starts = np.cumsum([0, *counts])

@@ -149,24 +149,24 @@ class AutogradFunction:
         options = self._options
         if self._host is not None or options["setup_context"] or options["jvp"] or options["vmap"]:
             return unchanged
-        own = {id(a) for a in arguments.arrays}  # a module's own parameters, also passed as arguments
-
-        def wanted(tracer: Any) -> bool:  # every traced value (as for a function argument's closure)
-            return id(tracer) not in own
-
-        forward, backward = self.forward, self.backward
-        if not callable(backward):  # "finite_differences" (host code, so not here)
+        forward, backward = _undecorated(self.forward), _undecorated(self.backward)
+        if forward is None or backward is None:  # a decorator jaxfn can't see through: refused as before
             return unchanged
+        wanted = _jax_private.is_differentiating_tracer  # a value only jit or vmap traces is read as before
         closed = _tracers.cells_holding(forward, wanted)
         for name, value in _tracers.cells_holding(backward, wanted).items():
             if closed.setdefault(name, value) is not value:
                 return unchanged  # two different values under one name: refused as before
         if not closed or set(closed) & set(arguments.names):
             return unchanged
-        values = {
-            name: _tracers.Closure.holding(v, _tracers.tracers_in(v), self.name, name) if callable(v) else v
-            for name, v in closed.items()
-        }
+        values = {}
+        for name, value in closed.items():
+            if not _is_leaf(value) or isinstance(value, jax.Array):  # an array, or a pytree (an Equinox module)
+                values[name] = value
+            elif callable(value):  # a function holding the values: a callable pytree of them
+                values[name] = _tracers.Closure.holding(value, _tracers.tracers_in(value), self.name, name)
+            else:  # an object JAX can't see into: refused as before
+                return unchanged
         names = tuple(values)
 
         def forward_reading(ctx: Any, *args: Any, **kwargs: Any) -> Any:
@@ -178,7 +178,8 @@ class AutogradFunction:
             return _tracers.with_cells(backward, getattr(ctx, _CLOSED_OVER))(ctx, *grad_outputs)
 
         functools.update_wrapper(forward_reading, forward)
-        functools.update_wrapper(backward_reading, backward)
+        marked: Any = self._given[1]  # the backward as given: once_differentiable's mark too
+        functools.update_wrapper(backward_reading, marked)
         forward_reading.__signature__ = _with_keyword_only(inspect.signature(forward), names)  # type: ignore[attr-defined]
         definition = _rule.Definition.of(
             self.name,
@@ -231,6 +232,18 @@ class AutogradFunction:
 
 
 _CLOSED_OVER = "jaxfn_closed_over"  # the ctx attribute holding what forward and backward close over
+
+
+def _undecorated(function: Any) -> Any:
+    """The plain function under ``jaxfn.once_differentiable`` (whose mark the rule reads); the
+    function itself if undecorated; None under another decorator (whose code jaxfn can't copy)."""
+    if getattr(function, _rule.ONCE_DIFFERENTIABLE, False):
+        function = getattr(function, "__wrapped__", function)
+    return None if hasattr(function, "__wrapped__") else function
+
+
+def _is_leaf(value: Any) -> bool:
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
 
 
 def _with_keyword_only(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:

@@ -86,7 +86,8 @@ def _per_slot(function: str, args: Arguments, returned: tuple | list, keyword_on
             function,
             f"backward returned {len(returned)} gradient{'s' * (len(returned) != 1)} for {count} "
             f"parameter{'s' * (count != 1)} ({listed}); return one entry per parameter (None for no gradient), "
-            "or a dict keyed by name",
+            "or a dict keyed by name (where forward or backward closes over a value being differentiated, a dict "
+            "gives its gradient too, by the name the code gives it)",
         )
     return list(returned[:count])
 

@@ -177,7 +177,7 @@ def vary_together(args: Arguments, arrays: tuple[Any, ...]) -> tuple[Any, ...]:
         return arrays
     # not what a function argument closes over: its program casts it where it read it (so jax.vjp
     # of the function in backward gives the cross-device sum itself)
-    cast = [args.kinds[i] == DIFF and i not in args.closed_over for i in args.array_positions]
+    cast = [args.kinds[i] == DIFF and i not in args.in_closures for i in args.array_positions]
     return tuple(
         jax.lax.pcast(a, tuple(sorted(every - own)), to="varying") if flag and every - own else a
         for a, own, flag in zip(arrays, axes, cast)
