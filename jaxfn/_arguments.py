@@ -166,21 +166,40 @@ class Arguments:
         """The leaf index of each entry of ``arrays``."""
         return tuple(i for i, kind in enumerate(self.kinds) if kind != STATIC)
 
+    def _leaves(self, per_array: Any, others: Any) -> list[Any]:
+        """Every leaf: ``per_array`` at the array leaves, in order, ``others`` at the rest."""
+        leaves = list(others)
+        for position, value in zip(self.array_positions, per_array):
+            leaves[position] = value
+        return leaves
+
     def values(self, arrays: tuple[Any, ...] | list[Any]) -> list[Any]:
         """The parameter values, with ``arrays`` put back in place of the array leaves."""
-        leaves = list(self.statics)
-        for position, array in zip(self.array_positions, arrays):
-            leaves[position] = array
-        return list(tree_unflatten(self.treedef, leaves))
+        return list(tree_unflatten(self.treedef, self._leaves(arrays, self.statics)))
+
+    def parameters(self, per_array: Any) -> list[Any]:
+        """One value per array leaf (a gradient, a tangent, None) in the arguments' structure, one
+        per parameter, None at every other leaf."""
+        return list(tree_unflatten(self.treedef, self._leaves(per_array, [None] * len(self.kinds))))
+
+    def by_slot(self, parameters: list[Any]) -> list[Any]:
+        """Per-parameter values, one per slot (each element of a ``*args`` parameter apart)."""
+        return [parameters[p] if i is None else parameters[p][i] for p, i in self.slots]
+
+    def from_slots(self, per_slot: Any) -> dict[str, Any]:
+        """One value per slot as {parameter name: value} (a tuple for a ``*args`` parameter); the
+        inverse of ``by_slot``."""
+        values: dict[str, Any] = {}
+        for (position, index), value in zip(self.slots, per_slot):
+            name = self.names[position]
+            values[name] = value if index is None else (*values.get(name, ()), value)
+        return values
 
     def replacing(self, leaves: dict[int, Any], implicit: dict[str, Any] | None = None) -> Arguments:
         """The same call with some leaves (by index) replaced, and ``implicit`` values added as
         parameters after the others, split again (a replacement may be a pytree node whose leaves
         are arrays)."""
-        values = list(self.statics)
-        for position, array in zip(self.array_positions, self.arrays):
-            values[position] = array
-        values = [leaves.get(i, value) for i, value in enumerate(values)]
+        values = [leaves.get(i, value) for i, value in enumerate(self._leaves(self.arrays, self.statics))]
         bound = dict(zip(self.names, tree_unflatten(self.treedef, values)))
         added = tuple(implicit or ())
         split_ = split({**bound, **(implicit or {})}, self.varargs)

@@ -148,11 +148,9 @@ def _backward(user: _rule.Definition, ctx: Context, grad_outputs: tuple[Any, ...
     arrays = [np.asarray(a) for a in args.arrays]
     given_cotangents = jax.tree_util.tree_leaves(list(grad_outputs), is_leaf=lambda g: g is None)
     cotangents = [None if g is None else np.asarray(g, np.float64) for g in given_cotangents]
-    leaves: list[Any] = [None] * len(args.kinds)
-    for k, wanted in enumerate(_wanted(args, tuple(ctx.needs_input_grad))):
-        if wanted:
-            leaves[args.array_positions[k]] = _gradient(user, args, arrays, k, cotangents)
-    return dict(zip(args.names, args.treedef.unflatten(leaves)))
+    wanted = _wanted(args, tuple(ctx.needs_input_grad))
+    grads = [_gradient(user, args, arrays, k, cotangents) if w else None for k, w in enumerate(wanted)]
+    return dict(zip(args.names, args.parameters(grads)))
 
 
 def _gradient(
@@ -202,7 +200,8 @@ def _jvp(user: _rule.Definition, ctx: Context, tangents: tuple[Any, ...]) -> Any
     given, named = getattr(ctx, SAVED)
     args = user.bind(given, named)
     arrays = [np.asarray(a) for a in args.arrays]
-    by_leaf = args.treedef.flatten_up_to(_by_parameter(args, tangents))
+    slots = args.from_slots(tangents)  # a *args parameter with no element has no slot: ()
+    by_leaf = args.treedef.flatten_up_to(tuple(slots.get(n, () if n == args.varargs else None) for n in args.names))
     moved = [
         (k, np.asarray(by_leaf[p], np.float64))
         for k, p in enumerate(args.array_positions)
@@ -223,15 +222,6 @@ def _jvp(user: _rule.Definition, ctx: Context, tangents: tuple[Any, ...]) -> Any
         for u, d in zip(up, down)
     ]
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def _by_parameter(args: Arguments, tangents: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The jvp rule's tangents (one per argument, each ``*args`` element apart) as one value per
-    parameter, in the structure of the call's arguments."""
-    values: list[Any] = [() if name == args.varargs else None for name in args.names]
-    for (position, index), tangent in zip(args.slots, tangents):
-        values[position] = tangent if index is None else (*values[position], tangent)
-    return tuple(values)
 
 
 def _step_along(arrays: list[np.ndarray], moved: list[tuple[int, np.ndarray]]) -> float:

@@ -301,15 +301,13 @@ def tangents_by_slot(args: Arguments, primals: tuple[Any, ...], tangents: list[A
     """One tangent per argument (PyTorch's count: each ``*args`` element apart), in the argument's
     structure: the tangent of each float/complex leaf (zeros where JAX differentiates nothing, or
     None with ``ctx.set_materialize_grads(False)``), None for every other leaf."""
-    leaves: list[Any] = [None] * len(args.kinds)
-    for position, primal, tangent in zip(args.array_positions, primals, tangents):
-        if args.kinds[position] != DIFF:
-            continue
-        if tangent is None and materialize:
-            tangent = jnp.zeros(primal.shape, primal.dtype)
-        leaves[position] = tangent
-    values = jax.tree_util.tree_unflatten(args.treedef, leaves)
-    return [values[p] if i is None else values[p][i] for p, i in args.slots]
+    per_array = [
+        (jnp.zeros(primal.shape, primal.dtype) if tangent is None and materialize else tangent)
+        if args.kinds[position] == DIFF
+        else None
+        for position, primal, tangent in zip(args.array_positions, primals, tangents)
+    ]
+    return args.by_slot(args.parameters(per_array))
 
 
 def out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:

@@ -46,9 +46,9 @@ def by_parameter(function: str, args: Arguments, returned: Any, keyword_only: tu
             )
         return dict(returned)
     if isinstance(returned, (tuple, list)) and not (len(slots) == 1 and _own_gradient(args, returned)):
-        return _from_slots(args, _per_slot(function, args, returned, keyword_only))
+        return args.from_slots(_per_slot(function, args, returned, keyword_only))
     if len(slots) == 1:
-        return _from_slots(args, [returned])
+        return args.from_slots([returned])
     raise error(
         AutogradFunctionTypeError,
         function,
@@ -90,17 +90,6 @@ def _per_slot(function: str, args: Arguments, returned: tuple | list, keyword_on
             "gives its gradient too, by the name the code gives it)",
         )
     return list(returned[:count])
-
-
-def _from_slots(args: Arguments, per_slot: list[Any]) -> dict[str, Any]:
-    grads: dict[str, Any] = {}
-    for (position, index), grad in zip(args.slots, per_slot):
-        name = args.names[position]
-        if index is None:
-            grads[name] = grad
-        else:
-            grads[name] = (*grads.get(name, ()), grad)
-    return grads
 
 
 def to_cotangents(

@@ -136,10 +136,7 @@ class HostFunction:
             host = self._call(probe, args, "backward", present, avals)
             sent = [g for g, p in zip(given, present) if p]
             grads = iter(bind(name, host, tuple(avals[i] for i in wanted), *ctx.saved_tensors, *sent) if wanted else ())
-            leaves = [None] * len(args.kinds)
-            for position, flag in zip(args.array_positions, probe.flags):
-                leaves[position] = next(grads) if flag else None
-            return dict(zip(args.names, args.treedef.unflatten(leaves)))
+            return dict(zip(args.names, args.parameters([next(grads) if flag else None for flag in probe.flags])))
 
         def jvp(ctx: Context, *tangents: Any) -> Any:
             call = ctx.jaxfn_host
@@ -292,12 +289,13 @@ def _host_jvp(
     arrays, given = values[: len(present)], iter(values[len(present) :])
     ctx, out = _run_forward(definition, args, list(arrays), present)
     _check_outputs(name, probe, out)
-    leaves: list[Any] = [None] * len(args.kinds)
-    for position, array, flag in zip(args.array_positions, arrays, present):
-        if args.kinds[position] == DIFF:
-            leaves[position] = next(given) if flag else (np.zeros_like(array) if ctx.materialize_grads else None)
-    slots = jax.tree_util.tree_unflatten(args.treedef, leaves)
-    tangents = [slots[p] if i is None else slots[p][i] for p, i in args.slots]
+    per_array = [
+        (next(given) if flag else (np.zeros_like(array) if ctx.materialize_grads else None))
+        if args.kinds[position] == DIFF
+        else None
+        for position, array, flag in zip(args.array_positions, arrays, present)
+    ]
+    tangents = args.by_slot(args.parameters(per_array))
     returned = definition.jvp(_context.for_jvp(ctx), *tangents)
     returned_leaves = jax.tree_util.tree_leaves(returned, is_leaf=lambda x: x is None)
     if len(returned_leaves) != len(probe.info.avals):

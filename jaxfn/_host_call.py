@@ -53,12 +53,8 @@ def _varying_like(arrays: Any, results: Any) -> Any:
     """Inside ``jax.shard_map``: each result made to vary over every manual axis an input varies
     over (``pure_callback`` types its results as not varying, though host code computes them per
     device from what it is given; a cotangent typed so is refused where its input varies)."""
-    if not hasattr(jax, "typeof"):
-        return results
     axes = frozenset().union(*map(_rule.varying_axes, arrays))
-    if not axes:
-        return results
-    return [jax.lax.pcast(r, tuple(sorted(axes - _rule.varying_axes(r))), to="varying") for r in results]
+    return [_rule.varying(r, axes) for r in results] if axes else results
 
 
 def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:

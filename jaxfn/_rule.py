@@ -169,27 +169,25 @@ def vary_together(args: Arguments, arrays: tuple[Any, ...]) -> tuple[Any, ...]:
     parameter varying (``lax.pcast(..., to="varying")``) before the custom rule sees it makes
     JAX's own transpose of that cast insert the sum, exactly as for plain JAX code.
     """
-    if not hasattr(jax, "typeof"):  # no varying-axes tracking in this JAX
-        return arrays
-    axes = [varying_axes(a) for a in arrays]
-    every = frozenset().union(*axes)
+    every = frozenset().union(*map(varying_axes, arrays))
     if not every:
         return arrays
     # not what a function argument closes over: its program casts it where it read it (so jax.vjp
     # of the function in backward gives the cross-device sum itself)
     cast = [args.kinds[i] == DIFF and i not in args.in_closures for i in args.array_positions]
-    return tuple(
-        jax.lax.pcast(a, tuple(sorted(every - own)), to="varying") if flag and every - own else a
-        for a, own, flag in zip(arrays, axes, cast)
-    )
+    return tuple(varying(a, every) if flag else a for a, flag in zip(arrays, cast))
 
 
 def zeros_like(array: Any) -> Any:
     """Zeros of ``array``'s shape and dtype, varying over the same manual axes (in ``shard_map``)."""
     array = array if hasattr(array, "dtype") else jnp.asarray(array)
-    zeros = jnp.zeros(jnp.shape(array), array.dtype)
-    axes = varying_axes(array) if hasattr(jax, "typeof") else frozenset()
-    return jax.lax.pcast(zeros, tuple(sorted(axes)), to="varying") if axes else zeros
+    return varying(jnp.zeros(jnp.shape(array), array.dtype), varying_axes(array))
+
+
+def varying(array: Any, axes: frozenset[str]) -> Any:
+    """``array`` made to vary over ``axes`` too (``lax.pcast``), where it does not already."""
+    missing = axes - varying_axes(array)
+    return jax.lax.pcast(array, tuple(sorted(missing)), to="varying") if missing else array
 
 
 def varying_axes(array: Any) -> frozenset[str]:

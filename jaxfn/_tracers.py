@@ -9,6 +9,7 @@ whose leaves are those values (closure conversion, as ``jax.closure_convert`` do
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from collections.abc import Callable, Iterator, Mapping
@@ -137,9 +138,9 @@ class Closure:
                 self.held.programs[key] = program
         jaxpr, reads, out_tree = program
         consts = [self.values[r] if isinstance(r, int) else r[0] for r in reads]
-        if any(isinstance(v, Tracer) for v in (*consts, *arrays)):
-            return jax.tree_util.tree_unflatten(out_tree, _jax_private.run_traced(jaxpr, consts, arrays))
-        with jax.ensure_compile_time_eval():  # concrete values (host code, a probe under jit): run now
+        traced = any(isinstance(v, Tracer) for v in (*consts, *arrays))
+        # concrete values (host code, a probe under jit): run now, not staged into a trace around
+        with contextlib.nullcontext() if traced else jax.ensure_compile_time_eval():
             return jax.tree_util.tree_unflatten(out_tree, _jax_private.run_traced(jaxpr, consts, arrays))
 
     def __getattr__(self, name: str) -> Any:
