@@ -34,6 +34,7 @@ from jax.tree_util import (
 
 from . import _jax_private
 from ._errors import AutogradFunctionTypeError, error, type_name
+from ._split import Split, take
 from ._tracers import Closure
 
 DIFF, ARRAY, STATIC = "differentiable", "array", "static"
@@ -87,13 +88,12 @@ class _cached:  # noqa: N801 - used as a decorator, like functools.cached_proper
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Arguments:
-    """One call's arguments, split into the arrays JAX sees and everything else."""
+class Arguments(Split):
+    """One call's arguments: the ``Split`` of the tuple of its parameter values, in order, into
+    the arrays JAX sees (DIFF and ARRAY leaves) and everything else."""
 
     names: tuple[str, ...]  # forward's parameters, after the context
-    treedef: Any  # of the tuple of all parameter values, in order
     kinds: tuple[str, ...]  # one per leaf
-    statics: tuple[Any, ...]  # one per leaf: the value of a STATIC leaf, else None
     arrays: tuple[Any, ...]  # the values of the DIFF and ARRAY leaves, in leaf order
     varargs: str | None = None  # the name of forward's *args parameter, if any
     implicit: tuple[str, ...] = ()  # the last names: values forward or backward closes over (SPEC 15)
@@ -159,28 +159,21 @@ class Arguments:
 
     def structure(self) -> Arguments:
         """The same call without its array values, to keep in closures without holding arrays."""
-        return Arguments(self.names, self.treedef, self.kinds, self.statics, (), self.varargs, self.implicit)
+        return dataclasses.replace(self, arrays=())
 
     @_cached
     def array_positions(self) -> tuple[int, ...]:
         """The leaf index of each entry of ``arrays``."""
-        return tuple(i for i, kind in enumerate(self.kinds) if kind != STATIC)
-
-    def _leaves(self, per_array: Any, others: Any) -> list[Any]:
-        """Every leaf: ``per_array`` at the array leaves, in order, ``others`` at the rest."""
-        leaves = list(others)
-        for position, value in zip(self.array_positions, per_array):
-            leaves[position] = value
-        return leaves
+        return tuple(i for i, array in enumerate(self.is_array) if array)
 
     def values(self, arrays: tuple[Any, ...] | list[Any]) -> list[Any]:
         """The parameter values, with ``arrays`` put back in place of the array leaves."""
-        return list(tree_unflatten(self.treedef, self._leaves(arrays, self.statics)))
+        return list(self.join(arrays))
 
     def parameters(self, per_array: Any) -> list[Any]:
         """One value per array leaf (a gradient, a tangent, None) in the arguments' structure, one
         per parameter, None at every other leaf."""
-        return list(tree_unflatten(self.treedef, self._leaves(per_array, [None] * len(self.kinds))))
+        return list(self.join(per_array, python_values=False))
 
     def by_slot(self, parameters: list[Any]) -> list[Any]:
         """Per-parameter values, one per slot (each element of a ``*args`` parameter apart)."""
@@ -199,7 +192,8 @@ class Arguments:
         """The same call with some leaves (by index) replaced, and ``implicit`` values added as
         parameters after the others, split again (a replacement may be a pytree node whose leaves
         are arrays)."""
-        values = [leaves.get(i, value) for i, value in enumerate(self._leaves(self.arrays, self.statics))]
+        arrays = iter(self.arrays)
+        values = [leaves.get(i, next(arrays) if a else s) for i, (a, s) in enumerate(zip(self.is_array, self.statics))]
         bound = dict(zip(self.names, tree_unflatten(self.treedef, values)))
         added = tuple(implicit or ())
         split_ = split({**bound, **(implicit or {})}, self.varargs)
@@ -311,9 +305,8 @@ def split(bound: dict[str, Any], varargs: str | None = None) -> Arguments:
     """Split bound parameter values into array leaves and static leaves."""
     leaves, treedef = tree_flatten(tuple(bound.values()))
     kinds = tuple(map(leaf_kind, leaves))
-    statics = tuple(leaf if kind == STATIC else None for leaf, kind in zip(leaves, kinds))
-    arrays = tuple(leaf for leaf, kind in zip(leaves, kinds) if kind != STATIC)
-    return Arguments(tuple(bound), treedef, kinds, statics, arrays, varargs)
+    arrays, parts = take(leaves, treedef, tuple(kind != STATIC for kind in kinds))
+    return Arguments(parts.treedef, parts.is_array, parts.statics, tuple(bound), kinds, tuple(arrays), varargs)
 
 
 def call_forward(

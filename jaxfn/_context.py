@@ -14,7 +14,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.tree_util import tree_flatten_with_path
 
 from . import _tracers
 from ._errors import (
@@ -26,6 +25,7 @@ from ._errors import (
     type_name,
     unknown_name,
 )
+from ._split import Split, split_with_paths
 
 _PLAIN = (int, float, complex, bool, str, bytes, type(None))
 _SAVED = "ctx.saved_variables"
@@ -204,15 +204,13 @@ class _State:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Remainder:
-    """The static part of a context, kept per trace: everything but its arrays."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Remainder(Split):
+    """The static part of a context, kept per trace: everything but its arrays (the ``Split`` of
+    what it holds, and its own state)."""
 
     state: _State
     names: tuple[tuple[str, ...], tuple[str, ...]]  # saved names and attribute names, in the user's order
-    treedef: Any
-    is_array: tuple[bool, ...]
-    statics: tuple[Any, ...]
     save_names: tuple[str, ...] = ()  # one per array: "<save><path>" (a position, a name or an attribute)
 
 
@@ -405,30 +403,18 @@ class Context:
         state = self._state
         names = (tuple(state.named), tuple(self._attrs))  # in the user's order (JAX sorts dicts)
         held = (state.positional, tuple(state.named.values()), tuple(self._attrs.values()))
-        with_paths, treedef = tree_flatten_with_path(held)
-        is_array = tuple(isinstance(leaf, jax.Array) for _, leaf in with_paths)
-        for (path, leaf), array in zip(with_paths, is_array):
-            if not array and _tracers.holds_tracer(leaf):
+        arrays, parts, paths = split_with_paths(held, lambda leaf: isinstance(leaf, jax.Array))
+        for path, leaf in zip(paths, parts.statics):
+            if leaf is not None and _tracers.holds_tracer(leaf):
                 raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))
-        arrays = [leaf for (_, leaf), array in zip(with_paths, is_array) if array]
-        statics = tuple(None if array else leaf for (_, leaf), array in zip(with_paths, is_array))
-        save_names = tuple(_save_name(path, names) for (path, _), array in zip(with_paths, is_array) if array)
-        remainder = Remainder(
-            state.holding((), {}),
-            names,
-            treedef,
-            is_array,
-            statics,
-            save_names,
-        )
+        save_names = tuple(_save_name(path, names) for path, array in zip(paths, parts.is_array) if array)
+        remainder = Remainder(parts.treedef, parts.is_array, parts.statics, state.holding((), {}), names, save_names)
         return arrays, remainder
 
     @classmethod
     def from_residuals(cls, arrays: list[Any], remainder: Remainder) -> Context:
         """The backward-side context, rebuilt from ``to_residuals``'s two parts."""
-        arrays_iter = iter(arrays)
-        leaves = [next(arrays_iter) if array else leaf for leaf, array in zip(remainder.statics, remainder.is_array)]
-        positional, named, attrs = jax.tree_util.tree_unflatten(remainder.treedef, leaves)
+        positional, named, attrs = remainder.join(arrays)
         named_keys, attr_keys = remainder.names
         ctx = cls.__new__(cls)
         state = remainder.state.holding(positional, dict(zip(named_keys, named)))

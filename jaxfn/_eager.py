@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from . import _jax_private, _keys, _rule
+from . import _jax_private, _keys, _rule, _split
 from ._arguments import STATIC, Arguments
 from ._errors import AutogradFunctionTypeError, error, type_name
 
@@ -64,14 +64,15 @@ class Compiled:
 
 
 @jax.tree_util.register_pytree_node_class
-class _PythonValue:
-    """A Python value in the output of a jitted call, held as a pytree node with no children: the
-    value rides in the output's structure, which ``jax.jit`` keeps per compiled program."""
+class _Apart:
+    """What a jitted call's output holds besides its arrays (a ``_split.Split``), as a pytree node
+    with no children: it rides in the output's structure, which ``jax.jit`` keeps per compiled
+    program."""
 
-    __slots__ = ("value",)
+    __slots__ = ("parts",)
 
-    def __init__(self, value: Any):
-        self.value = value
+    def __init__(self, parts: _split.Split):
+        self.parts = parts
 
     def __eq__(self, other: object) -> bool:  # by identity: any value, hashable or not
         return self is other
@@ -83,27 +84,22 @@ class _PythonValue:
         return (), self
 
     @classmethod
-    def tree_unflatten(cls, box: Any, children: Any) -> Any:
-        return box
+    def tree_unflatten(cls, apart: Any, children: Any) -> Any:
+        return apart
 
 
-def box_python_values(out: Any) -> Any:
-    """``out`` with each leaf that is not a JAX array wrapped in a ``_PythonValue`` node."""
-    return jax.tree_util.tree_map(lambda leaf: leaf if isinstance(leaf, jax.Array) else _PythonValue(leaf), out)
+def box_python_values(out: Any) -> tuple[list[Any], _Apart]:
+    """``out``'s JAX arrays, and the rest kept apart, as a jitted function returns them."""
+    arrays, parts = _split.split(out, lambda leaf: isinstance(leaf, jax.Array))
+    return arrays, _Apart(parts)
 
 
 def keeping_python_values(jitted: Callable[..., Any]) -> Callable[..., Any]:
-    """A jitted function whose output had Python values boxed, with them unboxed again."""
+    """A jitted function that returns ``box_python_values``, returning the output whole again."""
 
     def call(*args: Any) -> Any:
-        out = jitted(*args)
-        if isinstance(out, jax.Array):
-            return out
-        return jax.tree_util.tree_map(
-            lambda leaf: leaf.value if isinstance(leaf, _PythonValue) else leaf,
-            out,
-            is_leaf=lambda leaf: isinstance(leaf, _PythonValue),
-        )
+        arrays, apart = jitted(*args)
+        return apart.parts.join(arrays)
 
     return call
 

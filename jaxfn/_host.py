@@ -316,7 +316,7 @@ def _grad_outputs(info: Outputs, present: tuple[bool, ...], given: Any, material
     leaves = [
         next(given) if p else (np.zeros(a.shape, a.dtype) if materialize else None) for p, a in zip(present, info.avals)
     ]
-    tree = jax.tree_util.tree_unflatten(info.treedef, leaves)
+    tree = info.join(leaves)
     return list(tree) if info.is_sequence else [tree]
 
 
@@ -382,7 +382,7 @@ def _describe(name: str, ctx: Context, out: Any, output: Any, flags: tuple[bool,
         id(leaf) not in marked and _arguments.dtype_kind(s.dtype) == DIFF for leaf, s in zip(leaves, specs)
     )
     n = len(leaves)
-    info = Outputs(treedef, (None,) * n, (True,) * n, specs, differentiable, isinstance(out, (tuple, list)))
+    info = Outputs(treedef, (True,) * n, (None,) * n, specs, differentiable, isinstance(out, (tuple, list)))
     remainder, saved = _host_values.split(ctx)
     return _Probe(flags, info, remainder, tuple(_host_values.carry(name, leaf) for leaf in saved))
 

@@ -14,19 +14,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
-from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
+from jax.tree_util import keystr, tree_flatten_with_path
 
 from ._arguments import ARRAY, DIFF, dtype_kind
 from ._errors import AutogradFunctionTypeError, error, type_name
+from ._split import Split, take
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Outputs:
-    """The static description of forward's outputs, carried to backward."""
+class Outputs(Split):
+    """The static description of forward's outputs, carried to backward: the output's ``Split``
+    and what its arrays are."""
 
-    treedef: Any
-    statics: tuple[Any, ...]  # one per leaf: the value of a Python leaf, else None
-    is_array: tuple[bool, ...]  # one per leaf
     avals: tuple[jax.ShapeDtypeStruct, ...]  # one per array leaf
     differentiable: tuple[bool, ...]  # one per array leaf
     is_sequence: bool  # a tuple/list output: one grad_output per element
@@ -39,8 +38,7 @@ class Outputs:
 
     def rebuild(self, arrays: Any) -> Any:
         """The output pytree from its array leaves, Python values put back in place."""
-        arrays = iter(arrays)
-        return tree_unflatten(self.treedef, [next(arrays) if a else s for s, a in zip(self.statics, self.is_array)])
+        return self.join(arrays)
 
     def same_arrays_as(self, other: Outputs) -> bool:
         """Whether two traces of forward gave the same output structure and arrays (Python values
@@ -79,7 +77,7 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
         )
     if isinstance(out, jax.Array) and not non_differentiable:  # the common case: one array
         aval = jax.ShapeDtypeStruct(out.shape, out.dtype)
-        return [out], Outputs(_ONE_LEAF, (None,), (True,), (aval,), (dtype_kind(out.dtype) == DIFF,), False, function)
+        return [out], Outputs(_ONE_LEAF, (True,), (None,), (aval,), (dtype_kind(out.dtype) == DIFF,), False, function)
     with_paths, treedef = tree_flatten_with_path(out)
     leaves = [leaf for _, leaf in with_paths]
     marked = {id(x) for x in non_differentiable}
@@ -91,8 +89,8 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
             f"ctx.mark_non_differentiable() takes values that forward returns, but {len(marked) - len(found)} of "
             "its arguments are not among forward's outputs; pass the very arrays you return",
         )
-    is_array = tuple(_is_array(function, path, leaf) for path, leaf in with_paths)
-    if not any(is_array):
+    arrays, parts = take(leaves, treedef, tuple(_is_array(function, path, leaf) for path, leaf in with_paths))
+    if not arrays:
         what = f"its output is {type_name(out)}" if not with_paths or with_paths[0][1] is out else "it has none"
         raise error(
             AutogradFunctionTypeError,
@@ -100,15 +98,11 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
             f"forward must return arrays (an array, a tuple/list or pytree of them, with Python values beside them "
             f"if you like), but {what}",
         )
-    arrays = [
-        leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf) for leaf, array in zip(leaves, is_array) if array
-    ]
-    statics = tuple(None if array else leaf for leaf, array in zip(leaves, is_array))
-    unmarked = [id(leaf) not in marked for leaf, array in zip(leaves, is_array) if array]
-    differentiable = tuple(keep and dtype_kind(a.dtype) == DIFF for keep, a in zip(unmarked, arrays))
-    avals = tuple(jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in arrays)
-    info = Outputs(treedef, statics, is_array, avals, differentiable, isinstance(out, (tuple, list)), function)
-    return arrays, info
+    differentiable = tuple(id(a) not in marked and dtype_kind(a.dtype) == DIFF for a in arrays)
+    arrays = [a if isinstance(a, jax.Array) else jnp.asarray(a) for a in arrays]
+    avals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
+    sequence = isinstance(out, (tuple, list))
+    return arrays, Outputs(parts.treedef, parts.is_array, parts.statics, avals, differentiable, sequence, function)
 
 
 _ONE_LEAF = jax.tree_util.tree_structure(0)  # the structure of an output that is one array
@@ -141,12 +135,10 @@ def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> lis
         ct if differentiable and not isinstance(ct, SymbolicZero) else _no_gradient(aval, materialize)
         for ct, aval, differentiable in zip(cotangents, info.avals, info.differentiable)
     ]
-    handed = iter(per_array)
-    leaves = [next(handed) if a else None for a in info.is_array]
     try:
-        tree = tree_unflatten(info.treedef, leaves)
+        tree = info.join(per_array, python_values=False)
     except Exception as err:  # noqa: BLE001 - a user's pytree node that refuses None, said in jaxfn's words
-        if not any(leaf is None for leaf in leaves):
+        if all(info.is_array) and not any(a is None for a in per_array):
             raise
         raise error(
             AutogradFunctionTypeError, info.function, _REFUSES_NONE.format(treedef=info.treedef, err=type(err).__name__)

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from . import _jax_private, _keys
+from . import _jax_private, _keys, _split
 from ._errors import AutogradFunctionTypeError, error
 
 _PLAIN = (int, float, complex, bool, str, bytes, type(None))
@@ -114,12 +114,14 @@ class Closure:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if all(a is b for a, b in zip(self.values, self.held.tracers)):
             return self.function(*args, **kwargs)  # where it was made: nothing to replace
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        is_array = tuple(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves)
-        arrays = [leaf for leaf, array in zip(leaves, is_array) if array]
-        statics = [None if array else leaf for leaf, array in zip(leaves, is_array)]
+        arrays, parts = _split.split((args, kwargs))
         try:
-            key: Any = (treedef, is_array, tuple(map(_keys.static_key, statics)), tuple(map(jax.typeof, arrays)))
+            key: Any = (
+                parts.treedef,
+                parts.is_array,
+                tuple(map(_keys.static_key, parts.statics)),
+                tuple(map(jax.typeof, arrays)),
+            )
         except _keys.Unkeyable:
             key = None
         program = self.held.programs.get(key) if key is not None else None
@@ -127,10 +129,7 @@ class Closure:
             function = self.function
 
             def on_arrays(*arrays: Any) -> Any:
-                it = iter(arrays)
-                args, kwargs = jax.tree_util.tree_unflatten(
-                    treedef, [next(it) if a else s for a, s in zip(is_array, statics)]
-                )
+                args, kwargs = parts.join(arrays)
                 return function(*args, **kwargs)
 
             program = self.held.trace(on_arrays, arrays)

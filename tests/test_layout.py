@@ -12,6 +12,7 @@ LAYERS = [
     "_errors",
     "_jax_private",
     "_keys",
+    "_split",
     "_tracers",
     "_arguments",
     "_context",
