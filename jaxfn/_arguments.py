@@ -159,7 +159,10 @@ class Arguments(Split):
 
     def structure(self) -> Arguments:
         """The same call without its array values, to keep in closures without holding arrays."""
-        return dataclasses.replace(self, arrays=())
+        copy = object.__new__(Arguments)  # dataclasses.replace, without its cost on every traced call
+        copy.__dict__.update(self.__dict__)  # what is derived from the structure alone is kept too
+        copy.__dict__["arrays"] = ()
+        return copy
 
     @_cached
     def array_positions(self) -> tuple[int, ...]:

@@ -45,15 +45,17 @@ def call(
     function has a forward-mode rule (else ``jax.jvp`` on it is refused here, in jaxfn's words,
     also where JAX would refuse only when a ``jit`` around it compiles); ``host``: whether its
     forward is host code (which forward mode's gate can't transpose)."""
-    own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
-
-    def differentiated(tracer: Any) -> bool:
-        return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
-
     arguments = _closures(definition.name, arguments)
-    statics = [v for v, kind in zip(arguments.statics, arguments.kinds) if kind == _arguments.STATIC]
-    if _tracers.holds_tracer((user, statics), differentiated):
-        raise error(AutogradFunctionTypeError, definition.name, _CLOSURE_HELP)
+    statics = [v for v, array in zip(arguments.statics, arguments.is_array) if not array]
+    held = [f for f in user if not _tracers.holds_nothing(f)]
+    if held or statics:
+        own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
+
+        def differentiated(tracer: Any) -> bool:
+            return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
+
+        if _tracers.holds_tracer((held, statics), differentiated):
+            raise error(AutogradFunctionTypeError, definition.name, _CLOSURE_HELP)
     if not forward_mode and any(_jax_private.is_forward_mode_tracer(a) for a in arguments.arrays):
         raise error(AutogradFunctionTypeError, definition.name, _rule.FORWARD_MODE_HELP)
     if _rule.in_plain_forward():  # forward mode's gate transposes through this call's forward

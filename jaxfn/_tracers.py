@@ -32,6 +32,18 @@ def holds_tracer(value: Any, wanted: Callable[[Tracer], bool] | None = None) -> 
     return next(_tracers(value, wanted), None) is not None
 
 
+def holds_nothing(function: Any) -> bool:
+    """Whether ``function`` is None or a plain function that holds nothing (no closure, defaults or
+    attributes): the common user function, which ``holds_tracer`` need not walk."""
+    return function is None or (
+        type(function) is types.FunctionType
+        and function.__closure__ is None
+        and not function.__defaults__
+        and not function.__kwdefaults__
+        and not function.__dict__
+    )
+
+
 def tracers_in(value: Any, wanted: Callable[[Tracer], bool] | None = None) -> list[Tracer]:
     """The tracers (those ``wanted`` accepts) an object holds, each once, in the order found."""
     return list(_tracers(value, wanted))
