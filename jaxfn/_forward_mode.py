@@ -46,7 +46,7 @@ from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import ClosedJaxpr, Var, jaxpr_as_fun
 
-from . import _arguments, _context, _jax_private, _linear, _rule, _saves
+from . import _arguments, _context, _jax_private, _linear, _rule, _saves, _tie
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
@@ -83,7 +83,8 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
         saved, remainder = ctx.to_residuals()
         if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
-            out, saved = _rule.outputs_again(lambda _: primal(*primals)[0], out, saved)
+            again = lambda out: _tie.tie(arrays_out, tuple(primals), tuple(out))  # survives a loop's partial eval
+            out, saved = _rule.outputs_again(again, out, saved)
         named = _saves.named(definition.name, saved, remainder, primals)
         # what the user's jvp reads (ctx.save_for_forward, attributes), its arrays as residuals too:
         # nothing crosses into the tangent map from this trace but through them
@@ -132,6 +133,9 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         return (tuple(out), described), (tuple(_all_tangents(info, outs, computed)), described)
 
     primal.defjvp(jvp, symbolic_zeros=True)
+
+    def arrays_out(*arrays: Any) -> tuple[Any, ...]:
+        return primal(*arrays)[0]
 
     def call(*arrays: Any) -> Any:
         out, described = primal(*arrays)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
-from . import _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule
+from . import _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule, _tie
 from ._arguments import DIFF, Arguments
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._outputs import Described, Outputs
@@ -119,7 +119,9 @@ class _Primitive(_BASE):
             for i, ct in zip(outs, cotangents):
                 if ct is not None:
                     cts[i] = ct
-            grads = rules.bwd(rules.fwd(perturbed, *residuals)[1], cts)
+            # saved outputs as an outer differentiation must see them: this primitive again
+            again = (lambda out: tuple(self(*residuals))) if any(isinstance(r, Tracer) for r in residuals) else None
+            grads = rules.bwd(rules.fwd(perturbed, *residuals, again=again)[1], cts)
             return [grads[i] for i in which]
 
         given = tuple(tangents[i] for i in which)
@@ -142,20 +144,32 @@ class _Primitive(_BASE):
         size = axis_data.size
         if all(d is None for d in dims):  # JAX may ask even when nothing is batched
             return self(*arrays), (None,) * len(self.out_aval)
-        if self.rules.vmap is not None:
-            return self.rules.vmap(size, tuple(dims), *arrays)
         vmap = functools.partial(
             jax.vmap,
             axis_size=size,
             axis_name=getattr(axis_data, "name", None),
             spmd_axis_name=getattr(axis_data, "spmd_name", None),
         )
-        batched = _batched_rules(self.rules, tuple(dims), vmap)
+        batched = _batched_rules(self, tuple(dims), vmap)
         in_avals = tuple(a if d is None else _batched_aval(a, size) for a, d in zip(self.in_avals, dims))
         out_avals = tuple(_batched_aval(a, size) for a in self.out_aval)
-        front = tuple(a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, dims))
-        out = _Primitive(batched, in_avals, out_avals)(*front)
-        return out, (0,) * len(out)
+        front = tuple(a if d is None or d == 0 else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, dims))
+        generic = _Primitive(batched, in_avals, out_avals)
+        if self.rules.vmap is None:
+            out = generic(*front)
+            return out, (0,) * len(out)
+        out, out_dims = self.rules.vmap(size, tuple(dims), *arrays)
+        if not any(isinstance(a, Tracer) for a in arrays):
+            return out, out_dims
+        # an outer trace may differentiate the batched outputs: through the rules batched (so through
+        # backward, or the jvp rule), never through the user's vmap rule's own operations
+        at_front = tuple(o if d is None or d == 0 else jnp.moveaxis(o, d, 0) for o, d in zip(out, out_dims))
+
+        def rules_batched(*front: Any) -> tuple[Any, ...]:  # an unbatched output: any batch element's
+            return tuple(o if d is not None else o[0] for o, d in zip(generic(*front), out_dims))
+
+        tied = _tie.tie(rules_batched, front, at_front)
+        return tied, tuple(None if d is None else 0 for d in out_dims)
 
     def _again(self, arrays: Any, out: Any) -> tuple[Any, ...]:
         """The output: the rule's own, or, on an outer trace's tracers, this primitive again."""
@@ -168,14 +182,21 @@ def _batched_aval(aval: Any, size: int) -> Any:
     return _ShapedArray((size, *aval.shape), aval.dtype, weak_type=aval.weak_type)
 
 
-def _batched_rules(rules: _Rules, dims: tuple[Any, ...], vmap: Callable[..., Any]) -> _Rules:
-    """The rules of a batched call without a user vmap rule: each rule under ``jax.vmap``
-    (inputs batched at axis 0 or not at all; outputs and residuals batched at axis 0)."""
+def _batched_rules(unbatched: _Primitive, dims: tuple[Any, ...], vmap: Callable[..., Any]) -> _Rules:
+    """The rules of a batched call, each of ``unbatched``'s rules under ``jax.vmap`` (inputs
+    batched at axis 0 or not at all; outputs and residuals batched at axis 0)."""
+    rules = unbatched.rules
     axes = tuple(None if d is None else 0 for d in dims)
 
     def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> Any:
-        out, residuals = vmap(functools.partial(rules.fwd, perturbed), in_axes=axes, out_axes=0)(*arrays)
-        return (out if again is None else again(out)), residuals
+        if again is None:
+            return vmap(functools.partial(rules.fwd, perturbed), in_axes=axes, out_axes=0)(*arrays)
+
+        def one(*arrays: Any) -> Any:  # outputs and saved outputs an outer differentiation sees: the
+            # call again (under this vmap: batched by these rules, so through backward at every order)
+            return rules.fwd(perturbed, *arrays, again=lambda out: tuple(unbatched(*arrays)))
+
+        return vmap(one, in_axes=axes, out_axes=0)(*arrays)
 
     def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
         present = [not isinstance(c, SymbolicZero) for c in cotangents]

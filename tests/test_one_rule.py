@@ -115,6 +115,75 @@ def test_grad_is_backward_under_checkpoint_vmap_and_a_remat_scan(builder, policy
     _close(jax.jit(jax.grad(scanned(f)))(x), jax.grad(scanned(_cube_reference))(x), 1e-4)
 
 
+BATCHINGS = {
+    "vmap": lambda f: jax.vmap(f),
+    "vmap, jit": lambda f: jax.jit(jax.vmap(f)),
+    "vmap over axis 1": lambda f: lambda x: jax.vmap(f, in_axes=1, out_axes=1)(x),
+    "vmap of vmap": lambda f: jax.vmap(jax.vmap(f)),
+}
+
+
+@pytest.mark.parametrize("batching", BATCHINGS)
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_grad_of_a_batched_call_is_backward(builder, batching):
+    """jax.grad outside jax.vmap: the batched call (a user's vmap rule, or JAX's batching of the
+    rules) is differentiated through backward, never through the vmap rule's own operations."""
+    f, reference = BATCHINGS[batching](_cube(builder)), BATCHINGS[batching](_cube_reference)
+    xs = jnp.stack([X, X * 0.5]) * 0.5
+    xs = xs[None] if batching == "vmap of vmap" else xs
+    _close(jax.grad(lambda x: (f(x) * 2.0).sum())(xs), 2.0 * 5.0 * xs**3)  # what backward returns
+    twice = lambda f: jax.grad(lambda x: jax.grad(lambda x: f(x).sum())(x).sum())
+    _close(twice(f)(xs), twice(reference)(xs), 1e-4)
+
+
+@pytest.mark.parametrize("builder", [b for b in BUILDERS if b != "default"])
+def test_forward_mode_of_a_batched_call_is_the_rules_batched(builder):
+    f = _cube(builder)
+    xs = jnp.stack([X, X * 0.5])
+    if builder == "vmap rule":  # no forward-mode rule: refused, as for the call itself
+        with pytest.raises(jaxfn.AutogradFunctionError, match="'cube': it was differentiated in forward mode"):
+            jax.jvp(jax.vmap(f), (xs,), (jnp.ones_like(xs),))
+        return
+    tangent = jax.jvp(jax.vmap(f), (xs,), (jnp.ones_like(xs),))[1]
+    _close(tangent, 7.0 * jnp.ones_like(xs) if builder == "jvp rule" else 5.0 * xs**3)  # the jvp rule, or backward's
+
+
+SECOND_ORDER_POLICIES = {
+    **POLICIES,
+    "checkpoint, everything saveable": lambda f: jax.checkpoint(f, policy=jax.checkpoint_policies.everything_saveable),
+    "checkpoint, the save by name": lambda f: jax.checkpoint(
+        f, policy=jax.checkpoint_policies.save_only_these_names("cube.0")
+    ),
+}
+
+
+@pytest.mark.parametrize("policy", SECOND_ORDER_POLICIES)
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_a_saved_output_is_differentiated_through_backward_at_second_order_under_checkpoint(builder, policy):
+    def loss(cube):
+        return SECOND_ORDER_POLICIES[policy](lambda x: (cube(x) * cube(2.0 * x)).sum())
+
+    twice = lambda cube: jax.grad(lambda x: jax.grad(loss(cube))(x).sum())
+    _close(twice(_cube(builder))(X * 0.3), twice(_cube_reference)(X * 0.3), 1e-4)
+    _close(jax.jit(twice(_cube(builder)))(X * 0.3), twice(_cube_reference)(X * 0.3), 1e-4)
+
+
+LOOPS = {
+    "scan": lambda cube: lambda x: lax.scan(lambda c, _: (c + cube(c) * 0.5, None), x, None, length=2)[0],
+    "fori_loop": lambda cube: lambda x: lax.fori_loop(0, 2, lambda i, c: c + cube(c) * 0.5, x),
+    "scan, one step": lambda cube: lambda x: lax.scan(lambda c, _: (cube(c), None), x, None, length=1)[0],
+}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_second_order_through_a_loop_goes_through_backward(builder, loop):
+    twice = lambda cube: jax.grad(lambda x: jax.grad(lambda x: LOOPS[loop](cube)(x).sum())(x).sum())
+    x = X * 0.3
+    _close(twice(_cube(builder))(x), twice(_cube_reference)(x), 1e-4)
+    _close(jax.jit(twice(_cube(builder)))(x), twice(_cube_reference)(x), 1e-4)
+
+
 # -- what JAX's transposition would drop -----------------------------------------------------------
 
 
