@@ -308,8 +308,9 @@ def split(bound: dict[str, Any], varargs: str | None = None) -> Arguments:
     """Split bound parameter values into array leaves and static leaves."""
     leaves, treedef = tree_flatten(tuple(bound.values()))
     kinds = tuple(map(leaf_kind, leaves))
-    arrays, parts = take(leaves, treedef, tuple(kind != STATIC for kind in kinds))
-    return Arguments(parts.treedef, parts.is_array, parts.statics, tuple(bound), kinds, tuple(arrays), varargs)
+    is_array = tuple([kind != STATIC for kind in kinds])
+    arrays, statics = take(leaves, is_array)
+    return Arguments(treedef, is_array, statics, tuple(bound), kinds, tuple(arrays), varargs)
 
 
 def call_forward(

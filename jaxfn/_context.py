@@ -488,6 +488,11 @@ def perturbed(ctx: Context) -> tuple[bool, ...]:
     return ctx._state.perturbed
 
 
+def needs_by_name(ctx: Context) -> dict[str, bool]:
+    """``ctx.needs_input_grad`` by parameter name, as a dict."""
+    return ctx._state.needs
+
+
 def non_differentiable(ctx: Context) -> list[Any]:
     """The outputs forward marked with ``ctx.mark_non_differentiable``."""
     return ctx._state.non_differentiable

@@ -88,8 +88,11 @@ class _Apart:
         return apart
 
 
-def box_python_values(out: Any) -> tuple[list[Any], _Apart]:
-    """``out``'s JAX arrays, and the rest kept apart, as a jitted function returns them."""
+def box_python_values(out: Any) -> Any:
+    """``out``'s JAX arrays, and the rest kept apart, as a jitted function returns them (one array
+    as it is: the common case, with nothing kept apart)."""
+    if isinstance(out, jax.Array):
+        return out
     arrays, parts = _split.split(out, lambda leaf: isinstance(leaf, jax.Array))
     return arrays, _Apart(parts)
 
@@ -98,7 +101,10 @@ def keeping_python_values(jitted: Callable[..., Any]) -> Callable[..., Any]:
     """A jitted function that returns ``box_python_values``, returning the output whole again."""
 
     def call(*args: Any) -> Any:
-        arrays, apart = jitted(*args)
+        out = jitted(*args)
+        if isinstance(out, jax.Array):
+            return out
+        arrays, apart = out
         return apart.parts.join(arrays)
 
     return call

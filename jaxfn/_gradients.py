@@ -19,13 +19,20 @@ _FORMS = (
 )
 
 
-def by_parameter(function: str, args: Arguments, returned: Any, keyword_only: tuple[str, ...] = ()) -> dict[str, Any]:
+def by_parameter(
+    function: str,
+    args: Arguments,
+    returned: Any,
+    keyword_only: tuple[str, ...] = (),
+    differentiated: Mapping[str, bool] | None = None,
+) -> dict[str, Any]:
     """Backward's return value as {parameter name: gradient pytree or None}.
 
     A tuple/list has one entry per argument as PyTorch counts them (``args.slots``: each
     element of a ``*args`` parameter is one); extra trailing ``None`` entries are ignored, as
     PyTorch ignores them, and entries for forward's keyword-only parameters (``keyword_only``,
-    which PyTorch's forward can't have) may be left out.
+    which PyTorch's forward can't have) may be left out where they are not ``differentiated``
+    (by name): leaving out one that is would drop its gradient silently.
     """
     names, slots = args.names, args.slots
     if returned is None:
@@ -46,7 +53,7 @@ def by_parameter(function: str, args: Arguments, returned: Any, keyword_only: tu
             )
         return dict(returned)
     if isinstance(returned, (tuple, list)) and not (len(slots) == 1 and _own_gradient(args, returned)):
-        return args.from_slots(_per_slot(function, args, returned, keyword_only))
+        return args.from_slots(_per_slot(function, args, returned, keyword_only, differentiated or {}))
     if len(slots) == 1:
         return args.from_slots([returned])
     raise error(
@@ -74,10 +81,25 @@ def _own_gradient(args: Arguments, returned: tuple | list) -> bool:
     return len(returned) != 1 and child.num_nodes > 1 and len(child.children()) == len(returned)
 
 
-def _per_slot(function: str, args: Arguments, returned: tuple | list, keyword_only: tuple[str, ...]) -> list[Any]:
+def _per_slot(
+    function: str, args: Arguments, returned: tuple | list, keyword_only: tuple[str, ...], differentiated: Mapping
+) -> list[Any]:
     count = len(args.slots)
     positional = sum(args.names[position] not in keyword_only for position, _ in args.slots)
     if len(returned) < count and len(returned) >= positional:  # keyword-only gradients left out: None
+        left_out = [args.slot_name(slot) for slot in args.slots[len(returned) :]]
+        wanted = [name for name in left_out if differentiated.get(name)]
+        if wanted:
+            raise error(
+                AutogradFunctionTypeError,
+                function,
+                f"backward returned {len(returned)} gradient{'s' * (len(returned) != 1)}, leaving out the keyword-only "
+                f"parameter{'s' * (len(wanted) != 1)} {', '.join(map(repr, wanted))}, but "
+                + ("it is" if len(wanted) == 1 else "they are")
+                + f" being differentiated (ctx.needs_input_grad.{wanted[0]} is True), so its gradient would be "
+                "lost; return it in the tuple (one entry per parameter, keyword-only ones last in forward's order) "
+                "or return a dict keyed by parameter name",
+            )
         returned = (*returned, *[None] * (count - len(returned)))
     if len(returned) < count or any(g is not None for g in returned[count:]):
         listed = ", ".join(map(args.slot_name, args.slots)) or "none"

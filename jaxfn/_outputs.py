@@ -89,7 +89,8 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
             f"ctx.mark_non_differentiable() takes values that forward returns, but {len(marked) - len(found)} of "
             "its arguments are not among forward's outputs; pass the very arrays you return",
         )
-    arrays, parts = take(leaves, treedef, tuple(_is_array(function, path, leaf) for path, leaf in with_paths))
+    is_array = tuple([_is_array(function, path, leaf) for path, leaf in with_paths])
+    arrays, statics = take(leaves, is_array)
     if not arrays:
         what = f"its output is {type_name(out)}" if not with_paths or with_paths[0][1] is out else "it has none"
         raise error(
@@ -102,7 +103,7 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
     arrays = [a if isinstance(a, jax.Array) else jnp.asarray(a) for a in arrays]
     avals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
     sequence = isinstance(out, (tuple, list))
-    return arrays, Outputs(parts.treedef, parts.is_array, parts.statics, avals, differentiable, sequence, function)
+    return arrays, Outputs(treedef, is_array, statics, avals, differentiable, sequence, function)
 
 
 _ONE_LEAF = jax.tree_util.tree_structure(0)  # the structure of an output that is one array

@@ -271,7 +271,9 @@ def run_backward(
         returned = definition.backward(ctx, *grad_outputs)
     if isinstance(returned, dict) and definition.closed_names:  # a closed-over value not differentiated here
         returned = {k: v for k, v in returned.items() if k in args.names or k not in definition.closed_names}
-    grads = _gradients.by_parameter(definition.name, args, returned, definition.keyword_only)
+    grads = _gradients.by_parameter(
+        definition.name, args, returned, definition.keyword_only, _context.needs_by_name(ctx)
+    )
     cotangents = _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
     if _anomaly.enabled():
         _anomaly.check(definition.name, "backward", list(zip(_array_paths(args), cotangents)))

@@ -45,18 +45,22 @@ class Split:
 def split(tree: Any, array: Callable[[Any], bool] = is_array) -> tuple[list[Any], Split]:
     """``tree``'s array leaves (``array(leaf)``), in order, and the rest as a ``Split``."""
     leaves, treedef = tree_flatten(tree)
-    return take(leaves, treedef, tuple(map(array, leaves)))
+    flags = tuple([array(leaf) for leaf in leaves])
+    arrays, statics = take(leaves, flags)
+    return arrays, Split(treedef, flags, statics)
 
 
 def split_with_paths(tree: Any, array: Callable[[Any], bool] = is_array) -> tuple[list[Any], Split, list[tuple]]:
     """``split``, and every leaf's key path (for names and messages)."""
     with_paths, treedef = tree_flatten_with_path(tree)
     leaves = [leaf for _, leaf in with_paths]
-    arrays, parts = take(leaves, treedef, tuple(map(array, leaves)))
-    return arrays, parts, [path for path, _ in with_paths]
+    flags = tuple([array(leaf) for leaf in leaves])
+    arrays, statics = take(leaves, flags)
+    return arrays, Split(treedef, flags, statics), [path for path, _ in with_paths]
 
 
-def take(leaves: list[Any], treedef: Any, flags: tuple[bool, ...]) -> tuple[list[Any], Split]:
-    """The leaves flagged as arrays, and the rest as a ``Split``, for leaves already flattened."""
+def take(leaves: list[Any], flags: tuple[bool, ...]) -> tuple[list[Any], tuple[Any, ...]]:
+    """For leaves already flattened: those flagged as arrays, and every leaf's Python value (None
+    at an array), a ``Split``'s ``statics``."""
     arrays = [leaf for leaf, flag in zip(leaves, flags) if flag]
-    return arrays, Split(treedef, flags, tuple(None if flag else leaf for leaf, flag in zip(leaves, flags)))
+    return arrays, tuple([None if flag else leaf for leaf, flag in zip(leaves, flags)])

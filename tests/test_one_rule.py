@@ -429,7 +429,8 @@ def test_an_upgrade_flag_jax_lacks_is_off_where_not_yet_added_and_on_where_retir
 @pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
 def test_a_keyword_only_parameter_may_be_left_out_of_a_tuple_of_gradients(transform):
     """PyTorch's forward can't take keyword-only parameters, so a ported backward returns one
-    gradient per positional parameter: the keyword-only ones are taken as None."""
+    gradient per positional parameter: the keyword-only ones are taken as None where they are
+    not differentiated, and refused where they are (their gradient would be lost silently)."""
 
     def forward(ctx, x, *, scale):
         ctx.save_for_backward(scale=scale)
@@ -437,6 +438,13 @@ def test_a_keyword_only_parameter_may_be_left_out_of_a_tuple_of_gradients(transf
 
     f = jaxfn.autograd_function(forward, lambda ctx, g: (g * ctx.saved_variables.scale,), name="scaled")
     _close(transform(jax.grad(lambda x: f(x, scale=3.0).sum()))(X), jnp.full(3, 3.0))
+    _close(transform(jax.grad(lambda x, s: f(x, scale=s).sum()))(X, jnp.float32(3.0)), jnp.full(3, 3.0))
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'scaled': backward returned 1 gradient, leaving out the keyword-only parameter 'scale', but it is "
+        r"being differentiated \(ctx.needs_input_grad.scale is True\)",
+    ):
+        transform(jax.grad(lambda x, s: f(x, scale=s).sum(), argnums=1))(X, jnp.float32(3.0))
     g = jaxfn.autograd_function(forward, lambda ctx, g: (), name="empty")
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'empty': backward returned 0 gradients for 2 parameters"):
         jax.grad(lambda x: g(x, scale=3.0).sum())(X)
