@@ -684,3 +684,24 @@ def test_inside_shard_map_a_closure_over_a_replicated_value_and_host_code():
 
     result = run_on_8_devices(SHARDED, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+_OUTSIDE: dict = {}
+
+
+def test_a_differentiated_value_read_from_outside_arguments_and_closure_is_refused_eagerly():
+    """A module-level value forward reads at call time (known limit: under jit JAX raises its own
+    UnexpectedTracerError after the call); eagerly JAX refuses inside the call, in jaxfn's words."""
+
+    def forward(ctx, x):
+        return x * _OUTSIDE["w"]
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: {"x": g}, name="reads_outside")
+
+    def loss(w, x):
+        _OUTSIDE["w"] = w
+        return f(x).sum()
+
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'reads_outside': .*reads a value that JAX is tracing"):
+        jax.grad(loss)(jnp.float32(3.0), jnp.ones(2))
+    _OUTSIDE.clear()
