@@ -26,7 +26,7 @@ import numpy as np
 from jax.core import Tracer
 
 from . import _jax_private
-from ._errors import AutogradFunctionValueError, error
+from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, error, type_name
 
 _RAISED: list[BaseException] = []  # what the callbacks raised, newest last (callbacks run in XLA's threads)
 # JAX logs a failed callback with its traceback before it raises; jaxfn's own error says it all.
@@ -65,6 +65,12 @@ def set_detect_anomaly(mode: bool) -> None:
     >>> import jaxfn
     >>> jaxfn.set_detect_anomaly(False)
     """
+    if not isinstance(mode, (bool, np.bool_)):  # "off" would switch it on
+        raise error(
+            AutogradFunctionTypeError,
+            "set_detect_anomaly",
+            f"jaxfn.set_detect_anomaly() takes True or False, but got {type_name(mode)} ({mode!r})",
+        )
     _jax_private.set_anomaly(bool(mode))
     _quiet(bool(mode))
 

@@ -313,6 +313,25 @@ def split(bound: dict[str, Any], varargs: str | None = None) -> Arguments:
     return Arguments(treedef, is_array, statics, tuple(bound), kinds, tuple(arrays), varargs)
 
 
+def is_torch_tensor(value: Any) -> bool:
+    """Whether ``value`` is a PyTorch tensor (read from its type: torch is never imported here)."""
+    kind = type(value)
+    return kind.__name__ in ("Tensor", "Parameter") and kind.__module__.split(".")[0] == "torch"
+
+
+def refuse_foreign_arrays(function: str, args: Arguments) -> None:
+    """A PyTorch tensor (or another library's array) passed where JAX arrays go would reach forward
+    as a static value and fail far from its cause: refused, naming the argument."""
+    for leaf, (array, value) in enumerate(zip(args.is_array, args.statics)):
+        if not array and is_torch_tensor(value):
+            raise error(
+                AutogradFunctionTypeError,
+                function,
+                f"argument '{args.paths[leaf]}' is a torch.Tensor, but a jaxfn function takes JAX or NumPy arrays; "
+                "pass jnp.asarray(t.detach().cpu().numpy()) (jaxfn.from_torch runs a PyTorch Function on JAX arrays)",
+            )
+
+
 def call_forward(
     forward: Any,
     signature: inspect.Signature,

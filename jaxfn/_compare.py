@@ -118,6 +118,18 @@ def compare(
             f"jaxfn.compare takes the original torch.autograd.Function subclass second, but got {type_name(function)}; "
             "pass the class, as jaxfn.compare(port, MyFunction, *args)",
         )
+    if not callable(port):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"jaxfn.compare takes the port first (a jaxfn function), then the original, then the arguments, but got "
+            f"{type_name(port)} as the port",
+        )
+    for option, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and (
+            not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or value < 0
+        ):
+            raise error(AutogradFunctionValueError, name, f"{option} must be a number >= 0, but got {value!r}")
     run = _Run(torch, function, port, args, kwargs, np.random.default_rng(seed), rtol, atol)
     report = Report(name)
     run.forward(report)
@@ -143,6 +155,7 @@ class _Run:
         self.given = args  # as the user gave them: the original's inputs
         self.kwargs, self.rng, self.rtol, self.atol = kwargs, rng, rtol, atol
         self.names = _parameter_names(function, torch, len(args))
+        self.same_outputs = True  # whether the outputs' count and shapes agree (forward's check says)
         self.diff = [i for i, a in enumerate(args) if _is_inexact(a)]
 
     # -- the two sides ---------------------------------------------------------------------------
@@ -164,12 +177,24 @@ class _Run:
     def forward(self, report: Report) -> None:
         report.checks.append("forward")
         with self.torch.no_grad():
-            theirs = self.original_call([self.tensor(a) for a in self.given])
+            try:
+                theirs = self.original_call([self.tensor(a) for a in self.given])
+            except TypeError as err:  # the arguments it takes differ from the port's: said as such
+                raise error(
+                    AutogradFunctionTypeError,
+                    self.function.__name__,
+                    f"jaxfn.compare calls the port and the original with the same arguments, but the original's "
+                    f"forward refused them ({err}); pass arguments that both take, in the same order",
+                ) from err
         ours = self.port_leaves(self.port(*self.args, **self.kwargs))
         self.leaves(report, "forward", "output", ours, theirs)
+        self.same_outputs = [np.shape(a) for a in ours] == [np.shape(_numpy(b)) for b in theirs]
 
     def gradients(self, report: Report) -> None:
         if not self.diff:
+            return
+        if not self.same_outputs:  # one cotangent can't serve both: the forward row says how they differ
+            report.notes.append("gradients not compared: the port's outputs differ from the original's (see forward)")
             return
         subsets = (
             [c for k in range(1, len(self.diff) + 1) for c in itertools.combinations(self.diff, k)]

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from . import _tracers
 from ._errors import (
@@ -93,6 +94,28 @@ class SavedVariables(Mapping):
 
     def _unknown(self, name: str) -> str:
         return unknown_name("ctx.saved_variables", name, self._values)
+
+
+class SavedTensors(tuple):
+    """``ctx.saved_tensors``: a tuple, whose position past the end is named as the context's own are."""
+
+    _function: str
+
+    def __new__(cls, function: str, values: tuple[Any, ...]) -> SavedTensors:
+        saved = super().__new__(cls, values)
+        saved._function = function
+        return saved
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, int) and not -len(self) <= key < len(self):
+            raise error(
+                ContextIndexError,
+                self._function,
+                _out_of_range("ctx.saved_tensors", key, len(self), "value saved")
+                + " (in backward: what forward saved with ctx.save_for_backward; in a jvp rule: what it saved "
+                "with ctx.save_for_forward)",
+            )
+        return tuple.__getitem__(self, key)
 
 
 class NeedsInputGrad(Sequence):
@@ -305,6 +328,13 @@ class Context:
           value: `True` (the default): zeros; `False`: `None`.
         """
         self._forward_only("set_materialize_grads")
+        if not isinstance(value, (bool, np.bool_)):  # "False" would switch nothing off
+            raise error(
+                AutogradFunctionTypeError,
+                self._state.function,
+                f"ctx.set_materialize_grads() takes True or False, as in PyTorch, but got {type_name(value)} "
+                f"({value!r})",
+            )
         self._state.materialize = bool(value)
 
     def mark_dirty(self, *inputs: Any) -> None:
@@ -339,7 +369,7 @@ class Context:
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
         """The values saved by position (or, if none were, those saved by name, in order)."""
-        return tuple(self._state.positional) or tuple(self._state.named.values())
+        return SavedTensors(self._state.function, tuple(self._state.positional) or tuple(self._state.named.values()))
 
     @property
     def needs_input_grad(self) -> NeedsInputGrad:

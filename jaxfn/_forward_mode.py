@@ -113,7 +113,8 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
             jvp = definition.jvp
             assert jvp is not None and view_remainder is not None  # chosen only with a jvp rule
             jvp_ctx = Context.from_residuals(list(residuals[len(named) :]), view_remainder)
-            return out_tangents(definition.name, info, jvp(jvp_ctx, *handed))
+            returned = _rule.call_user(definition.name, "jvp", jvp, (jvp_ctx, *handed), _rule.jvp_takes(args))
+            return out_tangents(definition.name, info, returned)
 
         def derived(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: backward transposed, gated (its checks run where tangents are made)."""

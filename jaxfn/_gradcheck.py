@@ -12,8 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
-from ._arguments import DIFF, dtype_kind, leaf_kind
-from ._errors import AutogradFunctionValueError, GradcheckError, error, gradcheck_of
+from ._arguments import DIFF, dtype_kind, is_torch_tensor, leaf_kind
+from ._errors import (
+    GRADCHECK,
+    AutogradFunctionTypeError,
+    AutogradFunctionValueError,
+    GradcheckError,
+    error,
+    gradcheck_of,
+    type_name,
+)
 from ._function import AutogradFunction
 
 
@@ -94,7 +102,23 @@ def gradcheck(
         "check_forward_ad": check_forward_ad,
         "check_batched_grad": check_batched_grad,
     }
+    if not callable(fn):
+        raise error(
+            AutogradFunctionTypeError,
+            GRADCHECK,
+            f"gradcheck takes the function first, then its arguments (gradcheck(f, x)), but got {type_name(fn)} "
+            "as the function",
+        )
     _refuse_ambiguous_options(fn, [name for name, value in options.items() if value is not None])
+    for option, value in (("eps", eps), ("atol", atol), ("rtol", rtol)):
+        number = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+        if value is not None and (not number or not value >= 0 or (option == "eps" and value == 0)):
+            wanted = "a positive number" if option == "eps" else "a number >= 0"
+            raise error(
+                AutogradFunctionValueError,
+                gradcheck_of(_name(fn)),
+                f"{option} must be {wanted}, but got {type_name(value)} ({value!r})",
+            )
     eps, atol, rtol = 1e-6 if eps is None else eps, 1e-5 if atol is None else atol, 1e-3 if rtol is None else rtol
     order, raise_exception = 1 if order is None else order, True if raise_exception is None else raise_exception
     if order not in (1, 2):
@@ -131,10 +155,18 @@ def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
 def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batched_grad=False) -> bool:
     who = gradcheck_of(_name(fn))  # what every message opens with
     with_paths, treedef = tree_flatten_with_path((args, kwargs))
+    labels = _labels(fn, args, [path for path, _ in with_paths])
+    for label, (_, leaf) in zip(labels, with_paths):
+        if is_torch_tensor(leaf):
+            raise error(
+                AutogradFunctionTypeError,
+                who,
+                f"argument '{label}' is a torch.Tensor, but gradcheck takes JAX or NumPy arrays; pass "
+                "jnp.asarray(t.detach().cpu().numpy())",
+            )
     leaves = [_as_checked(leaf) for _, leaf in with_paths]
     floating = [i for i, leaf in enumerate(leaves) if leaf_kind(leaf) == DIFF]
     checked = [i for i in floating if np.size(leaves[i])]  # a zero-size leaf has no element to check
-    labels = _labels(fn, args, [path for path, _ in with_paths])
     if not checked:
         raise error(GradcheckError, who, _EMPTY_INPUTS if floating else _NO_INPUTS)
     rng = np.random.default_rng(0)

@@ -143,6 +143,8 @@ def to_cotangents(
             missing = (AutogradFunctionTypeError, _closure_without_gradient(name, name in args.implicit))
             if missing not in problems:  # once per function, not per value it holds
                 problems.append(missing)
+        if grad is not None and args.kinds[leaf] != DIFF:  # never differentiated: checked, then dropped
+            _check_undifferentiable_leaf(args, leaf, grad, aval, problems)
         if grad is None or args.kinds[leaf] != DIFF:
             cotangents.append(None)
             continue
@@ -259,6 +261,31 @@ def describe(value: Any) -> str:
     if isinstance(value, (jax.Array, np.ndarray)):
         return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
     return type_name(value)
+
+
+def _check_undifferentiable_leaf(
+    args: Arguments, leaf: int, grad: Any, primal: Any, problems: list[tuple[type, str]]
+) -> None:
+    """A gradient returned for an integer, boolean or key array, which is never differentiated:
+    dropped (PyTorch's ports return zeros for an index), but a value that can't be a gradient for
+    it (not an array, or of a shape that does not broadcast to it) is refused, as a mistake."""
+    where, what = args.paths[leaf], f"an array of dtype {primal.dtype}, which is never differentiated"
+    if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
+        problems.append(
+            (
+                AutogradFunctionTypeError,
+                f"backward returned {describe(grad)} as the gradient for '{where}', but '{where}' is {what}; "
+                "return None for it",
+            )
+        )
+    elif not broadcasts_to(tuple(primal.shape), tuple(np.shape(grad))):
+        problems.append(
+            (
+                AutogradFunctionValueError,
+                f"backward returned a gradient of shape {tuple(np.shape(grad))} for '{where}', but '{where}' has "
+                f"shape {tuple(primal.shape)} and is {what}; return None for it",
+            )
+        )
 
 
 def _check_leaf(

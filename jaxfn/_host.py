@@ -75,6 +75,15 @@ class HostFunction:
     def __init__(self, definition: _rule.Definition, output: Any = None):
         self.definition = definition
         self.output = output
+        for path, leaf in jax.tree_util.tree_flatten_with_path(output)[0]:
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+                raise error(
+                    AutogradFunctionTypeError,
+                    definition.name,
+                    f"output= declares what the host forward returns as a jax.ShapeDtypeStruct per output array (a "
+                    f"pytree of them like forward's output), but output{jax.tree_util.keystr(path)} is "
+                    f"{type_name(leaf)} ({leaf!r}); write, for instance, jax.ShapeDtypeStruct((3,), jnp.float32)",
+                )
         self._probes: dict[Any, _Probe] = {}
 
     # -- the two calls -----------------------------------------------------------------------
@@ -296,7 +305,8 @@ def _host_jvp(
         for position, array, flag in zip(args.array_positions, arrays, present)
     ]
     tangents = args.by_slot(args.parameters(per_array))
-    returned = definition.jvp(_context.for_jvp(ctx), *tangents)
+    jvp_takes = _rule.jvp_takes(args)
+    returned = _rule.call_user(definition.name, "jvp", definition.jvp, (_context.for_jvp(ctx), *tangents), jvp_takes)
     returned_leaves = jax.tree_util.tree_leaves(returned, is_leaf=lambda x: x is None)
     if len(returned_leaves) != len(probe.info.avals):
         raise error(

@@ -35,12 +35,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
 from . import _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule, _tie
 from ._arguments import DIFF, Arguments
-from ._errors import AutogradFunctionTypeError, error, type_name
+from ._errors import AutogradFunctionTypeError, ContextAttributeError, error, type_name, unknown_name
 from ._outputs import Described, Outputs
 
 # jax.experimental.hijax's names, kept with their JAX versions in _jax_private
@@ -58,6 +59,15 @@ class VmapInfo:
 
     batch_size: int
     randomness: str = "error"
+    function: str = dataclasses.field(default="vmap", repr=False, compare=False)  # for messages
+
+    def __getattr__(self, name: str) -> Any:  # only for names it lacks: said, listing those it has
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise error(ContextAttributeError, self.function, unknown_name("vmap's info", name, _INFO_NAMES))
+
+
+_INFO_NAMES = ("batch_size", "randomness")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +301,7 @@ def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., An
         ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
         view = _context.for_jvp(ctx)
         handed = _forward_mode.tangents_by_slot(args, primals, tangents, ctx.materialize_grads)
-        returned = jvp(view, *handed)
+        returned = _rule.call_user(name, "jvp", jvp, (view, *handed), _rule.jvp_takes(args))
         return tuple(out), _forward_mode.out_tangents(name, info, returned)
 
     return rule
@@ -339,7 +349,8 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
         values = args.values(arrays)
         in_dims = jax.tree_util.tree_unflatten(args.treedef, leaf_dims)
         by_slot = [(values[p], in_dims[p]) if i is None else (values[p][i], in_dims[p][i]) for p, i in args.slots]
-        returned = vmap(VmapInfo(size), tuple(d for _, d in by_slot), *[v for v, _ in by_slot])
+        handed = (VmapInfo(size, function=name), tuple(d for _, d in by_slot), *[v for v, _ in by_slot])
+        returned = _rule.call_user(name, "vmap", vmap, handed, _vmap_takes(args))
         if not isinstance(returned, tuple) or len(returned) != 2:
             raise error(
                 AutogradFunctionTypeError,
@@ -364,6 +375,14 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
         for index, (leaf, dim, is_array) in enumerate(zip(out_leaves, dim_leaves, info.is_array)):
             if not is_array:
                 continue
+            if dim is not None and (not isinstance(dim, (int, np.integer)) or isinstance(dim, bool)):
+                raise error(
+                    AutogradFunctionTypeError,
+                    name,
+                    f"vmap's out_dims must give an int (or None) per output, as in PyTorch, but for output {index} "
+                    f"it gave {type_name(dim)} ({dim!r}); return the axis of the batch as an int",
+                )
+            dim = None if dim is None else int(dim)
             aval = info.avals[len(arrays_out)]
             shape = tuple(jnp.shape(leaf)) if leaf is not None else None
             if dim is not None and shape is not None:
@@ -390,3 +409,9 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
         return tuple(arrays_out), tuple(dims_out)
 
     return rule
+
+
+def _vmap_takes(args: Arguments) -> str:
+    """What a user's vmap rule must take, for ``_rule.call_user``'s message."""
+    names = ", ".join(args.slot_name(slot) for slot in args.slots)
+    return f"info, in_dims and one value per argument of forward, as in PyTorch: vmap(info, in_dims, {names})"

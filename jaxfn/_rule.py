@@ -94,7 +94,10 @@ class Definition:
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Arguments:
         """One call's arguments, bound to forward's parameters and split into leaves."""
         bound = _arguments.bind(self.name, self.signature, args, kwargs, self.positional)
-        return _arguments.split(bound, self.varargs)
+        arguments = _arguments.split(bound, self.varargs)
+        if not all(arguments.is_array):
+            _arguments.refuse_foreign_arrays(self.name, arguments)
+        return arguments
 
 
 def _free_names(functions: tuple[Any, ...], signature: inspect.Signature) -> tuple[str, ...]:
@@ -324,6 +327,9 @@ def _call_once_differentiable(definition: Definition, ctx: Context, grad_outputs
     return backward(saved, leaves)
 
 
+_SETUP_TAKES = "(ctx, inputs, output), as in PyTorch: the context, the tuple of forward's inputs and its output"
+
+
 def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: Callable[..., Any]) -> Any:
     """PyTorch 2's form, ``forward(*args)`` plus ``setup_context(ctx, inputs, output)``, as one
     ``forward(ctx, *args)``: forward runs, then setup_context saves what backward needs."""
@@ -343,7 +349,7 @@ def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: C
 
     def forward_with_context(ctx: Context, *args: Any, **kwargs: Any) -> Any:
         output = forward(*args, **kwargs)
-        setup_context(ctx, (*args, *kwargs.values()), output)
+        call_user(name, "setup_context", setup_context, (ctx, (*args, *kwargs.values()), output), _SETUP_TAKES)
         return output
 
     context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)
@@ -352,6 +358,31 @@ def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: C
     )
     forward_with_context.__name__ = getattr(forward, "__name__", "forward")
     return forward_with_context
+
+
+def call_user(name: str, role: str, function: Callable[..., Any], arguments: tuple[Any, ...], takes: str) -> Any:
+    """``function(*arguments)``, a user's rule (jvp, vmap, setup_context); where its signature can't
+    take them, the error names the rule and what it must take (``takes``), not Python's words
+    about a lambda. Nothing is checked before the call: the common call costs nothing more."""
+    try:
+        return function(*arguments)
+    except TypeError:
+        try:
+            signature = inspect.signature(function)
+            signature.bind(*arguments)
+        except TypeError:
+            raise error(
+                AutogradFunctionTypeError, name, f"{role} must take {takes}, but its signature is {signature}"
+            ) from None
+        except ValueError:  # no signature to read (a builtin): the error is the rule's own
+            pass
+        raise
+
+
+def jvp_takes(args: Arguments) -> str:
+    """What a user's jvp rule must take, for ``call_user``'s message."""
+    slots = ", ".join(f"t_{args.slot_name(slot)}" for slot in args.slots)
+    return f"ctx and one tangent per argument of forward, as in PyTorch: jvp(ctx, {slots})"
 
 
 def check_backward_accepts(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> None:
@@ -380,8 +411,17 @@ def check_definition(name: str, role: str, function: Any) -> None:
         )
     try:
         has_ctx = _arguments.context_parameter(function) is not None
+        first = next(iter(inspect.signature(function).parameters), None)
     except (TypeError, ValueError):  # no signature to read (some builtins): trust the caller
         return
+    if first == "self":  # a method of a jaxfn.Function written without @staticmethod (old PyTorch style)
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"{role}'s first parameter is 'self', but {role} takes the context first and no instance: in a "
+            f"jaxfn.Function (as in PyTorch) forward and backward are static methods; write @staticmethod above "
+            f"def {role}(ctx, ...), without self",
+        )
     if not has_ctx:
         raise error(
             AutogradFunctionTypeError,

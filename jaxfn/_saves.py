@@ -26,6 +26,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from . import _jax_private
 from ._context import Remainder
+from ._errors import AutogradFunctionTypeError, error, type_name
 
 _COLLECTING = threading.local()
 # Every jaxfn save name seen, with its function, save and whether it last was an input passed
@@ -131,6 +132,13 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     >>> [(r.shape, r.kind) for r in report]
     [((3,), 'input')]
     """
+    if not callable(f):
+        raise error(
+            AutogradFunctionTypeError,
+            "saved",
+            f"jaxfn.saved takes the function first, then its arguments (jaxfn.saved(f, x)), but got {type_name(f)} "
+            "as the function",
+        )
     with _collecting() as records:
         rows = _jax_private.saved_residuals(f, *args, **kwargs)
     taken: dict[str, int] = {}

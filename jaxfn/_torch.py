@@ -187,6 +187,15 @@ class _Original:
         arrays = [self.array(leaf) for leaf in leaves]
         ctx.torch_call = _Call([*tensors, *named.values()], leaves, args, kwargs)
         if grad:
+            for index, leaf in enumerate(leaves):  # PyTorch can't differentiate it: its gradient would be lost
+                if isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.inexact):
+                    raise error(
+                        AutogradFunctionTypeError,
+                        self.name,
+                        f"its PyTorch forward returned a NumPy array (dtype {leaf.dtype}) as output {index}, not a "
+                        "torch.Tensor, so PyTorch's autograd can't differentiate it and its gradient would be lost; "
+                        "return a tensor (torch.from_numpy(...), or keep the computation in torch)",
+                    )
             cut = [a for a, t in zip(arrays, leaves) if isinstance(t, torch.Tensor) and not t.requires_grad]
             ctx.mark_non_differentiable(*cut)
         ctx.set_materialize_grads(False)  # PyTorch's engine materializes, as the Function asks it to

@@ -337,3 +337,145 @@ def test_tracer_errors_in_eager_calls_pass_through_unchanged():
         f(W)
     assert not isinstance(info.value, jaxfn.AutogradFunctionError)
     assert float(jaxfn.autograd_function(_branching_forward, lambda ctx, g: g)(W).sum()) == 3.0  # eager: fine
+
+
+# -- a newcomer's first hour: misuses found by probing (each once a raw traceback or a silent result) --
+
+
+@pytest.mark.parametrize("bad", ["nonsense", jnp.ones((7, 7)), {"bogus": 1}], ids=["str", "wrong shape", "dict"])
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_a_gradient_that_cant_be_one_for_an_integer_argument_is_refused(bad, transform):
+    f = jaxfn.autograd_function(lambda ctx, a, n: a * n, lambda ctx, g, bad=bad: (g, bad), name="scale")
+    kind = ValueError if hasattr(bad, "shape") else TypeError
+    match = r"'scale': backward returned .* for 'n', but 'n' .*int\d+, which is never differentiated; return None"
+    _raises(kind, match, lambda: transform(jax.grad(lambda a: f(a, jnp.arange(3)).sum()))(W))
+
+
+def test_zeros_returned_for_an_integer_argument_are_accepted_and_dropped():
+    f = jaxfn.autograd_function(lambda ctx, a, n: a * n, lambda ctx, g: (g * 2.0, jnp.zeros(3, int)), name="scale")
+    np.testing.assert_allclose(jax.grad(lambda a: f(a, jnp.arange(3)).sum())(W), 2.0 * np.ones(3))
+
+
+def test_flags_take_true_or_false_only():
+    def forward(ctx, x):
+        ctx.set_materialize_grads("False")
+        return x * 2.0
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: g * 2.0, name="two")
+    _raises(
+        TypeError, r"'two': ctx.set_materialize_grads\(\) takes True or False, .* got a str \('False'\)", lambda: f(W)
+    )
+    _raises(
+        TypeError,
+        r"set_detect_anomaly\(\) takes True or False, but got a str \('off'\)",
+        lambda: jaxfn.set_detect_anomaly("off"),
+    )
+    assert not jaxfn.is_anomaly_enabled() if hasattr(jaxfn, "is_anomaly_enabled") else True
+
+
+def test_saved_tensors_out_of_range_is_named_in_backward_and_in_a_jvp_rule():
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: g * ctx.saved_tensors[1], name="two")
+    error = _raises(
+        IndexError,
+        r"'two': ctx.saved_tensors\[1\] is out of range: it has 1 entry",
+        lambda: jax.grad(lambda x: f(x).sum())(W),
+    )
+    assert isinstance(error, jaxfn.AutogradFunctionError)
+    g = jaxfn.autograd_function(forward, lambda ctx, g: g, name="two", jvp=lambda ctx, t: t * ctx.saved_tensors[0])
+    _raises(
+        IndexError,
+        r"ctx.saved_tensors\[0\] is out of range: it has 0 entries.*ctx.save_for_forward",
+        lambda: jax.jvp(g, (W,), (W,)),
+    )
+
+
+@pytest.mark.parametrize("dims", ["0", 0.0, True], ids=["str", "float", "bool"])
+def test_a_vmap_rule_out_dim_that_is_not_an_int_is_named(dims):
+    f = jaxfn.autograd_function(
+        lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="double", vmap=lambda info, d, a, dims=dims: (a * 2, dims)
+    )
+    _raises(TypeError, r"'double': vmap's out_dims must give an int \(or None\) per output", lambda: jax.vmap(f)(X))
+
+
+def test_a_rule_that_cant_take_its_arguments_is_named_with_what_it_must_take():
+    mul = jaxfn.autograd_function(lambda ctx, a, b: a * b, lambda ctx, g: (g, g), name="mul", jvp=lambda ctx, ta: ta)
+    _raises(
+        TypeError,
+        r"'mul': jvp must take ctx and one tangent per argument .* jvp\(ctx, t_a, t_b\), but its "
+        r"signature is \(ctx, ta\)",
+        lambda: jax.jvp(mul, (W, W), (W, W)),
+    )
+    double = jaxfn.autograd_function(
+        lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="double", vmap=lambda info, a: (a * 2, 0)
+    )
+    _raises(
+        TypeError,
+        r"'double': vmap must take info, in_dims and one value .* vmap\(info, in_dims, a\)",
+        lambda: jax.vmap(double)(X),
+    )
+    setup = jaxfn.autograd_function(
+        lambda a: a * 2, lambda ctx, g: g * 2, name="setup", setup_context=lambda ctx, inputs: None
+    )
+    _raises(TypeError, r"'setup': setup_context must take \(ctx, inputs, output\)", lambda: setup(W))
+    inner = jaxfn.autograd_function(
+        lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="inner", jvp=lambda ctx, t: t + "x"
+    )  # a TypeError of the rule's own: untouched
+    with pytest.raises(TypeError) as info:
+        jax.jvp(inner, (W,), (W,))
+    assert not isinstance(info.value, jaxfn.AutogradFunctionError)
+
+
+def test_a_host_output_declaration_that_is_not_a_shape_dtype_struct_is_named():
+    _raises(
+        TypeError,
+        r"'double': output= declares .* but output\[0\] is an int \(3\); write, for instance, "
+        r"jax.ShapeDtypeStruct",
+        lambda: jaxfn.autograd_function(
+            lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="double", host=True, output=(3,)
+        ),
+    )
+
+
+def test_a_function_class_written_without_staticmethod_is_told_so():
+    def make():
+        class Double(jaxfn.Function):
+            def forward(self, ctx, a):
+                return a * 2
+
+            def backward(self, ctx, g):
+                return g * 2
+
+        return Double.apply(W)
+
+    _raises(TypeError, r"'Double': (forward|backward)'s first parameter is 'self'.* write @staticmethod", make)
+
+
+def test_gradcheck_saved_and_their_options_are_checked():
+    double = jaxfn.autograd_function(lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="double")
+    _raises(
+        TypeError, r"jaxfn.gradcheck: gradcheck takes the function first.* got an int", lambda: jaxfn.gradcheck(3, W)
+    )
+    _raises(
+        ValueError,
+        r"'double': eps must be a positive number, but got an int \(0\)",
+        lambda: jaxfn.gradcheck(double, W, eps=0),
+    )
+    _raises(
+        ValueError, r"'double': atol must be a number >= 0, but got a str", lambda: jaxfn.gradcheck(double, W, atol="1")
+    )
+    _raises(TypeError, r"jaxfn.saved takes the function first.* got an int", lambda: jaxfn.saved(3, W))
+
+
+def test_an_unknown_name_on_a_vmap_rule_info_lists_the_names():
+    f = jaxfn.autograd_function(
+        lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="v", vmap=lambda info, d, a: (a * info.batchsize, d[0])
+    )
+    _raises(
+        AttributeError,
+        r"'v': vmap's info has no 'batchsize'; the names it has are: 'batch_size', 'randomness'",
+        lambda: jax.vmap(f)(X),
+    )

@@ -459,3 +459,47 @@ def test_from_torch_backward_runs_again_on_one_call_for_jacrev_and_a_second_pull
     _, pullback = jax.vjp(cube, x)
     for _ in range(2):
         np.testing.assert_allclose(pullback(jnp.ones(3))[0], 3 * np.asarray(x) ** 2, rtol=1e-6)
+
+
+def test_a_torch_forward_returning_a_numpy_array_is_refused_where_differentiated():
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a.numpy() * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    f = jaxfn.from_torch(Double)
+    np.testing.assert_allclose(f(jnp.arange(3.0)), [0.0, 2.0, 4.0])  # nothing differentiated: as PyTorch gives it
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'Double': its PyTorch forward returned a NumPy array"):
+        jax.grad(lambda a: f(a).sum())(jnp.arange(3.0))
+
+
+def test_compare_reports_outputs_of_other_shapes_and_names_arguments_the_original_refuses():
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return (a * b)[:2]
+
+        @staticmethod
+        def backward(ctx, g):
+            return None, None
+
+    port = jaxfn.autograd_function(lambda ctx, a, b: a * b, lambda ctx, g: (g, g), name="mul")
+    report = jaxfn.compare(port, Mul, np.ones(3), np.ones(3))
+    assert not report and "shape (3,)" in str(report) and "gradients not compared" in str(report)
+    double = jaxfn.autograd_function(lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="double")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'Mul': jaxfn.compare calls the port and the original "):
+        jaxfn.compare(double, Mul, np.ones(3))
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"takes the port first"):
+        jaxfn.compare(3, Mul, np.ones(3), np.ones(3))
+
+
+def test_torch_tensors_passed_to_a_jaxfn_function_or_gradcheck_are_named():
+    double = jaxfn.autograd_function(lambda ctx, a: a * 2, lambda ctx, g: g * 2, name="double")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'double': argument 'a' is a torch.Tensor"):
+        double(torch.ones(3))
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'double': argument 'a' is a torch.Tensor"):
+        jaxfn.gradcheck(double, torch.ones(3))
