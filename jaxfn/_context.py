@@ -93,7 +93,12 @@ class SavedVariables(Mapping):
         return f"SavedVariables({', '.join(self._values)})"
 
     def _unknown(self, name: str) -> str:
-        return unknown_name("ctx.saved_variables", name, self._values)
+        text = unknown_name("ctx.saved_variables", name, self._values)
+        if not self._values and self._in_order:  # saved by position (PyTorch's form)
+            count = len(self._in_order)
+            text = text.removesuffix(".") + f" (forward saved {count} value(s) by position: read them as "
+            text += "ctx.saved_tensors[i], or save by name, ctx.save_for_backward(x=x))"
+        return text
 
 
 class SavedTensors(tuple):
@@ -352,7 +357,9 @@ class Context:
                     AutogradFunctionTypeError,
                     self._state.function,
                     f"ctx.mark_dirty() takes this call's array inputs, but its argument {position} is "
-                    f"{type_name(value)} that is not one of them; pass the very arrays forward received",
+                    + ("an array" if hasattr(value, "shape") else type_name(value))
+                    + " that is not one of them; pass the very arrays forward received (JAX arrays are immutable: "
+                    "x += 1 or x.at[i].set(v) makes a new array, so mark the input and return the new one)",
                 )
 
     # -- read in backward ------------------------------------------------------------------

@@ -370,7 +370,6 @@ def test_flags_take_true_or_false_only():
         r"set_detect_anomaly\(\) takes True or False, but got a str \('off'\)",
         lambda: jaxfn.set_detect_anomaly("off"),
     )
-    assert not jaxfn.is_anomaly_enabled() if hasattr(jaxfn, "is_anomaly_enabled") else True
 
 
 def test_saved_tensors_out_of_range_is_named_in_backward_and_in_a_jvp_rule():
@@ -478,4 +477,29 @@ def test_an_unknown_name_on_a_vmap_rule_info_lists_the_names():
         AttributeError,
         r"'v': vmap's info has no 'batchsize'; the names it has are: 'batch_size', 'randomness'",
         lambda: jax.vmap(f)(X),
+    )
+
+
+def test_saved_variables_after_a_positional_save_and_mark_dirty_of_a_new_array_say_why():
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: g * ctx.saved_variables.x, name="two")
+    _raises(
+        AttributeError,
+        r"'two': ctx.saved_variables has no 'x'.*by position: read them as ctx.saved_tensors\[i\]",
+        lambda: jax.grad(lambda x: f(x).sum())(W),
+    )
+
+    def dirty(ctx, x):
+        x = x + 1.0
+        ctx.mark_dirty(x)
+        return x
+
+    g = jaxfn.autograd_function(dirty, lambda ctx, g: g, name="dirty")
+    _raises(
+        TypeError,
+        r"'dirty': ctx.mark_dirty\(\) .* argument 0 is an array that is not one of them.*immutable",
+        lambda: g(W),
     )
