@@ -15,6 +15,7 @@ from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 from ._arguments import DIFF, dtype_kind, is_torch_tensor, leaf_kind
 from ._errors import (
     GRADCHECK,
+    AutogradFunctionError,
     AutogradFunctionTypeError,
     AutogradFunctionValueError,
     GradcheckError,
@@ -132,6 +133,13 @@ def gradcheck(
         if raise_exception:
             raise
         return False
+    except AutogradFunctionError as err:  # PyTorch's gradcheck(f, (x, y)) form: said where it fails
+        if len(args) == 1 and isinstance(args[0], (tuple, list)) and not kwargs:
+            raise type(err)(
+                f"{err} (jaxfn.gradcheck takes the arguments unpacked, gradcheck(f, x, y), where "
+                "PyTorch's takes them as one tuple, gradcheck(f, (x, y)))"
+            ) from err
+        raise
 
 
 def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:

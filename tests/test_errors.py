@@ -503,3 +503,12 @@ def test_saved_variables_after_a_positional_save_and_mark_dirty_of_a_new_array_s
         r"'dirty': ctx.mark_dirty\(\) .* argument 0 is an array that is not one of them.*immutable",
         lambda: g(W),
     )
+
+
+def test_gradcheck_given_pytorchs_tuple_of_inputs_says_to_unpack_them():
+    mul = jaxfn.autograd_function(lambda ctx, a, b: a * b, lambda ctx, g: (g, g), name="mul")
+    _raises(
+        TypeError,
+        r"'mul': .*missing a required argument: 'b'.*gradcheck takes the arguments unpacked",
+        lambda: jaxfn.gradcheck(mul, (W, W)),
+    )
