@@ -82,13 +82,13 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         wanted = [i for i, flag in enumerate(perturbed) if flag]
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
         saved, remainder = ctx.to_residuals()
-        if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
-            again = lambda out: _tie.tie(arrays_out, tuple(primals), tuple(out))  # survives a loop's partial eval
-            out, saved = _rule.outputs_again(again, out, saved)
-        named = _saves.named(definition.name, saved, remainder, primals)
         # what the user's jvp reads (ctx.save_for_forward, attributes), its arrays as residuals too:
         # nothing crosses into the tangent map from this trace but through them
         view, view_remainder = _context.for_jvp(ctx).to_residuals() if definition.jvp is not None else ([], None)
+        if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
+            again = lambda out: _tie.tie(arrays_out, tuple(primals), tuple(out))  # survives a loop's partial eval
+            out, (saved, view) = _rule.outputs_again(again, out, saved, view)
+        named = _saves.named(definition.name, saved, remainder, primals)
         by_id = {id(a): n for a, n in zip(saved, named)}  # an array saved for both is kept once
         view = [by_id.get(id(a), a) for a in view]
         avals = _arguments.shape_dtypes(primals)

@@ -134,11 +134,12 @@ def gradcheck(
             raise
         return False
     except AutogradFunctionError as err:  # PyTorch's gradcheck(f, (x, y)) form: said where it fails
-        if len(args) == 1 and isinstance(args[0], (tuple, list)) and not kwargs:
-            raise type(err)(
-                f"{err} (jaxfn.gradcheck takes the arguments unpacked, gradcheck(f, x, y), where "
-                "PyTorch's takes them as one tuple, gradcheck(f, (x, y)))"
-            ) from err
+        if len(args) == 1 and isinstance(args[0], (tuple, list)) and not kwargs and err.args:
+            err.args = (
+                f"{err.args[0]} (jaxfn.gradcheck takes the arguments unpacked, gradcheck(f, x, y), where "
+                "PyTorch's takes them as one tuple, gradcheck(f, (x, y))).",
+                *err.args[1:],
+            )
         raise
 
 

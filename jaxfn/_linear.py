@@ -115,6 +115,15 @@ class _Linear(HI_PRIMITIVE):
             out_tangents = tuple(a + b for a, b in zip(out_tangents, extra))
         return out, out_tangents
 
+    def lin(self, perturbed: Any, residuals: Any, ts: Any) -> tuple[Any, Any]:
+        # jax.linearize of a linearized program: the tangent function is ``jvp``'s, on the primals kept
+        return self(residuals, ts), (tuple(residuals), tuple(ts))
+
+    def linearized(self, primals: Any, d_residuals: Any, d_ts: Any) -> tuple[Any, ...]:
+        if all(isinstance(t, HI_ZERO) for t in (*d_residuals, *d_ts)):  # nothing moves: zero, as JAX expects
+            return tuple(HI_ZERO(a.to_tangent_aval()) for a in self.out_aval)
+        return self.jvp(primals, (d_residuals, d_ts))[1]
+
     def _on_residuals(self, ts: Any) -> Callable[..., tuple[Any, ...]]:
         """The map as a function of its residuals, the tangents fixed."""
         return lambda *residuals: tuple(self.forward_map(tuple(residuals), tuple(ts)))

@@ -80,7 +80,7 @@ class _Rules:
     primal: Callable[..., tuple[Any, ...]]
     fwd: Callable[..., tuple[tuple[Any, ...], Any]]  # fwd(perturbed, *arrays, again=None) -> (outs, residuals)
     bwd: Callable[..., list[Any]]  # bwd(residuals, cts) -> per input: a cotangent if in_diff, else None
-    jvp: Callable[..., tuple[Any, Any]]  # jvp(perturbed, primals, tangents) -> (outs, per out_diff)
+    jvp: Callable[..., tuple[Any, Any]]  # jvp(perturbed, primals, tangents, again=None) -> (outs, per out_diff)
     forward_mode: bool  # whether jvp is the user's or derived (else JAX refuses it: no jax.linearize)
     vmap: Callable[..., tuple[Any, Any]] | None  # vmap(size, dims, *arrays) -> (outs, out_dims)
 
@@ -122,7 +122,9 @@ class _Primitive(_BASE):
             full: list[Any] = [None] * len(residuals)
             for i, t in zip(which, given):
                 full[i] = t
-            return list(rules.jvp(perturbed, residuals, full)[1])
+            # saved outputs the jvp rule reads, as an outer differentiation must see them: this primitive again
+            again = (lambda out: tuple(self(*residuals))) if any(isinstance(r, Tracer) for r in residuals) else None
+            return list(rules.jvp(perturbed, residuals, full, again=again)[1])
 
         def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
             cts: list[Any] = [SymbolicZero(None)] * len(self.out_aval)  # type: ignore[arg-type]
@@ -148,6 +150,8 @@ class _Primitive(_BASE):
         return self._again(primals, None), tuple(primals)
 
     def linearized(self, primals: Any, *tangents: Any) -> tuple[Any, ...]:
+        if all(isinstance(t, _Zero) for t in tangents):  # nothing moves: zero, as JAX expects
+            return tuple(_Zero(_tangent_aval(a)) for a in self.out_aval)
         return self.jvp(primals, tangents)[1]
 
     def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
@@ -168,15 +172,17 @@ class _Primitive(_BASE):
         if self.rules.vmap is None:
             out = generic(*front)
             return out, (0,) * len(out)
-        out, out_dims = self.rules.vmap(size, tuple(dims), *arrays)
-        if not any(isinstance(a, Tracer) for a in arrays):
-            return out, out_dims
+        if size == 0 or not any(isinstance(a, Tracer) for a in arrays):  # (an empty batch: no element to
+            return self.rules.vmap(size, tuple(dims), *arrays)  # run backward on; the rule alone knows)
         # an outer trace may differentiate the batched outputs: through the rules batched (so through
-        # backward, or the jvp rule), never through the user's vmap rule's own operations
+        # backward, or the jvp rule), never through the user's vmap rule's own operations, which are
+        # run on values no differentiation traces (its own derivative is never asked for)
+        out, out_dims = self.rules.vmap(size, tuple(dims), *jax.lax.stop_gradient(tuple(arrays)))
         at_front = tuple(o if d is None or d == 0 else jnp.moveaxis(o, d, 0) for o, d in zip(out, out_dims))
 
-        def rules_batched(*front: Any) -> tuple[Any, ...]:  # an unbatched output: any batch element's
-            return tuple(o if d is not None else o[0] for o, d in zip(generic(*front), out_dims))
+        def rules_batched(*front: Any) -> tuple[Any, ...]:  # an unbatched output: the batch's mean (each
+            # element's cotangent a share of the one output's, as when broadcast and summed)
+            return tuple(o if d is not None else o.mean(0) for o, d in zip(generic(*front), out_dims))
 
         tied = _tie.tie(rules_batched, front, at_front)
         return tied, tuple(None if d is None else 0 for d in out_dims)
@@ -220,10 +226,11 @@ def _batched_rules(unbatched: _Primitive, dims: tuple[Any, ...], vmap: Callable[
         # an unbatched input's cotangent is the sum over the batch, as JAX's own batching gives
         return [(next(grads) if a == 0 else next(grads).sum(0)) if d else None for a, d in zip(axes, rules.in_diff)]
 
-    def jvp(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> Any:
+    def jvp(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
         def one(primals: tuple[Any, ...], given: list[Any]) -> Any:
             handed = iter(given)
-            return rules.jvp(perturbed, primals, [next(handed) if p else None for p in perturbed])
+            inner = None if again is None else (lambda out: tuple(unbatched(*primals)))  # the call again, batched
+            return rules.jvp(perturbed, primals, [next(handed) if p else None for p in perturbed], again=inner)
 
         given = [t for t in tangents if t is not None]
         given_axes = [a for a, t in zip(axes, tangents) if t is not None]
@@ -297,9 +304,13 @@ def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., An
     jvp = definition.jvp
     assert jvp is not None
 
-    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> tuple[Any, Any]:
+    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
         ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
         view = _context.for_jvp(ctx)
+        if again is not None:  # saved outputs as an outer differentiation must see them: the call again
+            arrays, remainder = view.to_residuals()
+            out, (arrays,) = _rule.outputs_again(again, out, arrays)
+            view = _context.Context.from_residuals(arrays, remainder)
         handed = _forward_mode.tangents_by_slot(args, primals, tangents, ctx.materialize_grads)
         returned = _rule.call_user(name, "jvp", jvp, (view, *handed), _rule.jvp_takes(args))
         return tuple(out), _forward_mode.out_tangents(name, info, returned)
@@ -308,7 +319,7 @@ def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., An
 
 
 def _refuse_forward_mode(name: str) -> Callable[..., Any]:
-    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> Any:
+    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
         raise error(AutogradFunctionTypeError, name, _rule.FORWARD_MODE_HELP)
 
     return rule
@@ -320,7 +331,8 @@ def _through_jvp(derived: Callable[..., Any], info: Outputs) -> Callable[..., An
     ``_reverse_mode``'s ``jax.custom_vjp``, whose tangents JAX transposes where reverse mode
     needs them (``jax.grad`` of ``jax.checkpoint``) and refuses where forward mode would."""
 
-    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any]) -> tuple[Any, Any]:
+    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
+        # (again: not needed, _forward_mode's rule ties its own outputs and saved outputs)
         which = [i for i, p in enumerate(perturbed) if p]
 
         def arrays_out(*arrays: Any) -> tuple[Any, ...]:

@@ -42,7 +42,7 @@ def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., A
         ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
         saved, remainder = ctx.to_residuals()
         if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
-            out, saved = _rule.outputs_again(again, out, saved)
+            out, (saved,) = _rule.outputs_again(again, out, saved)
         saved = _saves.named(definition.name, saved, remainder, arrays)
         token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
         return out, info, (saved, token)

@@ -239,14 +239,16 @@ def forward_with_context(
     return ctx, out, _context.end_forward(ctx)
 
 
-def outputs_again(again: Callable[[list[Any]], Any], out: list[Any], saved: list[Any]) -> tuple[list[Any], list[Any]]:
+def outputs_again(
+    again: Callable[[list[Any]], Any], out: list[Any], *saved: list[Any]
+) -> tuple[list[Any], list[list[Any]]]:
     """Forward's outputs as an outer differentiation must see them (``again(out)``: the same values,
-    differentiated through the custom rule, so through backward at every order), and the saved
-    arrays with each saved output replaced by that (PyTorch differentiates a saved output through
-    its function's backward too)."""
+    differentiated through the custom rule, so through backward at every order), and each list of
+    saved arrays with each saved output replaced by that (PyTorch differentiates a saved output
+    through its function's backward too)."""
     seen = list(again(out))
     by_id = {id(o): s for o, s in zip(out, seen)}
-    return seen, [by_id.get(id(a), a) for a in saved]
+    return seen, [[by_id.get(id(a), a) for a in values] for values in saved]
 
 
 def primal(definition: Definition, args: Arguments, arrays: Any) -> tuple[list[Any], _outputs.Outputs]:

@@ -34,12 +34,21 @@ def _identity(*values: Any, count: int, rule: Any) -> tuple[Any, ...]:
 
 
 def _jvp(primals: Any, tangents: Any, *, count: int, rule: Any) -> tuple[list[Any], list[Any]]:
-    arrays = primals[:count]
-    given = [ad.instantiate_zeros(t) for t in tangents[:count]]
-    # the output the rule gives here, not the tie's input (forward's operations): a differentiation
-    # further out then meets the rule again, so every order goes through backward
-    out, out_tangents = jax.jvp(rule, tuple(arrays), tuple(given))
-    return list(out), list(out_tangents)
+    arrays, out = tuple(primals[:count]), tuple(primals[count:])
+    which = [i for i, t in enumerate(tangents[:count]) if type(t) is not ad.Zero]  # only these: the rule's
+    if not which:  # needs_input_grad sees exactly what is differentiated
+        return list(out), [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in out]
+
+    def on(*chosen: Any) -> tuple[Any, ...]:
+        merged = list(arrays)
+        for i, value in zip(which, chosen):
+            merged[i] = value
+        return tuple(rule(*merged))
+
+    _, out_tangents = jax.jvp(on, tuple(arrays[i] for i in which), tuple(tangents[i] for i in which))
+    # the tie's own value (the rule's could differ: a user's vmap rule is its value), tied again, so a
+    # differentiation further out meets the rule again and every order goes through backward
+    return list(tie(rule, arrays, out)), list(out_tangents)
 
 
 def _batch(values: Any, dims: Any, *, count: int, rule: Any) -> tuple[tuple[Any, ...], list[int]]:

@@ -463,3 +463,122 @@ def test_saves_are_named_in_every_builder_and_a_checkpoint_policy_keeps_them_by_
     policy = jax.checkpoint_policies.save_only_these_names("cube.0")
     loss = jax.checkpoint(lambda x: (f(x) * W).sum(), policy=policy)
     _close(jax.grad(loss)(X), W * 5.0 * X**3)
+
+
+# -- batched calls with a vmap rule, and jvp rules reading saved outputs (found by probing) ---------
+
+
+def _sin_saving_output(**options):
+    """forward sin(x), saving its output for backward and for a jvp rule; both use the surrogate
+    derivative 2x + out (not cos x), so that a result through forward's operations shows."""
+
+    def forward(ctx, x):
+        out = jnp.sin(x)
+        ctx.save_for_backward(x, out)
+        ctx.save_for_forward(x, out)
+        return out
+
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        return g * (2.0 * x + out)
+
+    return jaxfn.autograd_function(forward, backward, name="s", **options)
+
+
+@jax.custom_vjp
+def _sin_reference(x):
+    return jnp.sin(x)
+
+
+_sin_reference.defvjp(lambda x: (_sin_reference(x), (x, _sin_reference(x))), lambda r, g: (g * (2.0 * r[0] + r[1]),))
+
+_JVP = lambda ctx, t: t * (2.0 * ctx.saved_tensors[0] + ctx.saved_tensors[1])
+_SIN_VMAP = lambda info, in_dims, x: (jnp.sin(x), in_dims[0])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"jvp": _JVP}, {"jvp": _JVP, "vmap": _SIN_VMAP}, {"forward_mode": True}],
+    ids=["jvp rule", "jvp and vmap rules", "forward_mode"],
+)
+def test_a_jvp_rule_reading_a_saved_output_goes_through_the_rules_at_second_order(options):
+    f, x = _sin_saving_output(**options), jnp.float32(0.7)
+    want = jax.grad(jax.grad(_sin_reference))(x)
+    _close(jax.grad(lambda x: jax.jvp(f, (x,), (jnp.float32(1.0),))[1])(x), want)
+    _close(jax.jacfwd(jax.jacfwd(f))(x), want)
+    _close(jax.hessian(f)(x), want)
+
+
+def _with_unbatched_output(vmap=True):
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w, w**2
+
+    def backward(ctx, ga, gc):  # gc * x: straight through to x
+        x, w = ctx.saved_tensors
+        return ga * w + gc * x, ga * x + gc * 2 * w
+
+    rule = lambda info, in_dims, x, w: ((jnp.moveaxis(x, in_dims[0], 0) * w, w**2), (0, None))
+    return jaxfn.autograd_function(forward, backward, name="f", **({"vmap": rule} if vmap else {}))
+
+
+def test_a_vmap_rule_output_that_is_not_batched_shares_its_gradient_over_the_batch():
+    xs, w = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), jnp.array([0.5, -1.0])
+    loss = lambda f: lambda x: (lambda a, c: a.sum() + c.sum())(*jax.vmap(f, in_axes=(0, None))(x, w))
+    per_example = jax.vmap(jax.grad(lambda xi: (lambda a, c: a.sum() + c.sum())(*_with_unbatched_output()(xi, w))))
+    _close(jax.grad(loss(_with_unbatched_output()))(xs), per_example(xs))
+    _close(jax.grad(loss(_with_unbatched_output(vmap=False)))(xs), per_example(xs))
+    batched = lambda x, w: jax.vmap(_with_unbatched_output(), in_axes=(0, None), out_axes=(0, None))(x, w)
+    grad_w = lambda x: jax.grad(lambda w: batched(x, w)[1].sum())(w)
+    _close(grad_w(xs[:0]), 2.0 * w)  # an empty batch: the rule alone gives the unbatched output
+
+
+def test_needs_input_grad_is_exact_for_a_batched_call_and_at_second_order_under_checkpoint():
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        assert not ctx.needs_input_grad.w, "w is not differentiated here"
+        return g * w, None
+
+    xs, w = jnp.ones((2, 3)), jnp.array([1.0, 2.0, 3.0])
+    for options in ({"vmap": lambda info, d, x, w: (jnp.moveaxis(x, d[0], 0) * w, 0)}, {}):
+        f = jaxfn.autograd_function(forward, backward, name="f", **options)
+        _close(jax.grad(lambda x, f=f: jax.vmap(f, in_axes=(0, None))(x, w).sum())(xs), jnp.stack([w, w]))
+    f = jaxfn.autograd_function(forward, backward, name="f", forward_mode=True)
+    twice = jax.grad(lambda x: jax.grad(lambda x: jax.checkpoint(lambda x: f(x, w) * f(2 * x, w))(x).sum())(x).sum())
+    _close(twice(xs[0]), 4.0 * w**2)
+
+
+def test_the_value_of_a_batched_call_is_the_vmap_rules_under_every_transformation():
+    f = jaxfn.autograd_function(
+        lambda ctx, x: x**3, lambda ctx, g: g, name="f", vmap=lambda info, d, x: (x**3 + 100.0, d[0])
+    )
+    xs, want = jnp.array([1.0, 2.0]), jnp.array([101.0, 108.0])
+    _close(jax.vmap(f)(xs), want)
+    _close(jax.vjp(jax.vmap(f), xs)[0], want)
+    _close(jax.value_and_grad(lambda x: jax.vmap(f)(x).sum())(xs)[0], want.sum())
+    _close(jax.jit(jax.value_and_grad(lambda x: jax.vmap(f)(x).sum()))(xs)[0], want.sum())
+
+
+def test_a_vmap_rule_jax_cant_differentiate_still_gives_gradients_through_backward():
+    def host_sin(info, in_dims, x):  # a batched kernel on the host: JAX has no derivative for it
+        shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.pure_callback(lambda v: np.sin(v).astype(v.dtype), shape, x, vmap_method="expand_dims"), in_dims[0]
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return jnp.sin(x)
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: g * jnp.cos(ctx.saved_tensors[0]), name="f", vmap=host_sin)
+    xs = jnp.array([1.0, 2.0])
+    _close(jax.grad(lambda x: jax.vmap(f)(x).sum())(xs), jnp.cos(xs))
+
+
+def test_linearize_of_linearize_in_forward_mode():
+    for options in ({"forward_mode": True}, {"forward_mode": True, "vmap": lambda info, d, x: (x * 2.0, d[0])}):
+        f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: g * 2.0, name="f", **options)
+        outer = jax.linearize(lambda x, f=f: jax.linearize(f, x)[1](jnp.float32(1.0)), jnp.float32(3.0))
+        _close(outer[0], 2.0)
