@@ -92,14 +92,23 @@ def from_torch(function: Any, *, name: str | None = None) -> AutogradFunction:
       AutogradFunctionError: if PyTorch is not installed, or `function` is not a
         `torch.autograd.Function` subclass.
     """
-    name = str(name if name is not None else getattr(function, "__name__", "function"))
+    default = getattr(function, "__name__", None) or getattr(type(function), "__name__", "function")
+    name = str(name if name is not None else default)
     torch = torch_module(name)
     if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+        if isinstance(function, torch.autograd.Function):
+            got = f"an instance of {type(function).__name__}"
+        elif isinstance(function, type):
+            got = f"the class {function.__module__}.{function.__qualname__}, which is not one"
+            if issubclass(function, torch.nn.Module):
+                got += " (an nn.Module: wrap its computation in a Function, or port it)"
+        else:
+            got = type_name(function)
         raise error(
             AutogradFunctionTypeError,
             name,
-            f"jaxfn.from_torch takes a torch.autograd.Function subclass (the class itself, not its apply), but "
-            f"it got {type_name(function)}; pass the class, as jaxfn.from_torch(MyFunction)",
+            f"jaxfn.from_torch takes a torch.autograd.Function subclass (the class itself, not its apply or an "
+            f"instance), but it got {got}; pass the class, as jaxfn.from_torch(MyFunction)",
         )
     base = torch.autograd.Function
     original = _Original(torch, function, name)

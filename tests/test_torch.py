@@ -503,3 +503,22 @@ def test_torch_tensors_passed_to_a_jaxfn_function_or_gradcheck_are_named():
         double(torch.ones(3))
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'double': argument 'a' is a torch.Tensor"):
         jaxfn.gradcheck(double, torch.ones(3))
+
+
+def test_from_torch_names_an_instance_or_a_module_class_given_for_the_function():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(jaxfn.AutogradFunctionError, match=r"'Twice': .*an instance of Twice"),
+    ):
+        jaxfn.from_torch(Twice())
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'ReLU': .*torch.nn.modules.activation.ReLU.*an nn.Module"):
+        jaxfn.from_torch(torch.nn.ReLU)
