@@ -158,6 +158,9 @@ class _Primitive(_BASE):
         size = axis_data.size
         if all(d is None for d in dims):  # JAX may ask even when nothing is batched
             return self(*arrays), (None,) * len(self.out_aval)
+        user_rule = self.rules.vmap
+        if user_rule is not None and (size == 0 or not any(isinstance(a, Tracer) for a in arrays)):
+            return user_rule(size, tuple(dims), *arrays)  # nothing differentiates it (an empty batch: the rule alone)
         vmap = functools.partial(
             jax.vmap,
             axis_size=size,
@@ -169,15 +172,13 @@ class _Primitive(_BASE):
         out_avals = tuple(_batched_aval(a, size) for a in self.out_aval)
         front = tuple(a if d is None or d == 0 else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, dims))
         generic = _Primitive(batched, in_avals, out_avals)
-        if self.rules.vmap is None:
+        if user_rule is None:
             out = generic(*front)
             return out, (0,) * len(out)
-        if size == 0 or not any(isinstance(a, Tracer) for a in arrays):  # (an empty batch: no element to
-            return self.rules.vmap(size, tuple(dims), *arrays)  # run backward on; the rule alone knows)
         # an outer trace may differentiate the batched outputs: through the rules batched (so through
         # backward, or the jvp rule), never through the user's vmap rule's own operations, which are
         # run on values no differentiation traces (its own derivative is never asked for)
-        out, out_dims = self.rules.vmap(size, tuple(dims), *jax.lax.stop_gradient(tuple(arrays)))
+        out, out_dims = user_rule(size, tuple(dims), *jax.lax.stop_gradient(tuple(arrays)))
         at_front = tuple(o if d is None or d == 0 else jnp.moveaxis(o, d, 0) for o, d in zip(out, out_dims))
 
         def rules_batched(*front: Any) -> tuple[Any, ...]:  # an unbatched output: the batch's mean (each
