@@ -615,3 +615,30 @@ def test_host_combines_with_setup_context_and_a_jvp_rule():
             wrap(jax.vmap(jax.grad(lambda x: Cube.apply(x)[0].sum())))(x[:, None]), 3 * x[:, None] ** 2
         )
     assert {"backward", "jvp"} <= set(called)
+
+
+def test_under_jit_grad_a_host_forward_runs_even_when_its_output_is_unused():
+    """jax.jit(jax.grad(f)) uses no output of forward: its callback still runs (backward's
+    depends on it), so its errors are raised and backward reads this call's saves, not the probe's."""
+
+    def forward(ctx, x):
+        ctx.extra = None if x.max() <= 1 else 5.0  # data-dependent structure: None on the probe's ones
+        return x * 2
+
+    def backward(ctx, g):
+        return g * (2.0 if ctx.extra is None else ctx.extra)
+
+    f = jaxfn.autograd_function(forward, backward, name="f", host=True)
+    x = jnp.array([0.5, 2.0, 2.0])
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"'f': a host forward \(host=True\) must save the same"):
+        jax.jit(jax.grad(lambda x: f(x).sum()))(x)
+
+    def failing(ctx, x):
+        if x.max() > 1:
+            raise HostFailure("domain error in forward")
+        return x * 2
+
+    g = jaxfn.autograd_function(failing, lambda ctx, g: g * 2, name="g", host=True)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"HostFailure: domain error in forward"):
+        jax.jit(jax.grad(lambda x: g(x).sum()))(x)
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda x: g(x).sum()))(jnp.ones(3) * 0.5), [2.0, 2.0, 2.0])
