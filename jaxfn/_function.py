@@ -157,7 +157,23 @@ class AutogradFunction:
         for name, value in _tracers.cells_holding(backward, wanted).items():
             if closed.setdefault(name, value) is not value:
                 return unchanged  # two different values under one name: refused as before
-        if not closed or set(closed) & set(arguments.names):
+        if not closed:
+            return unchanged
+        own = {id(a) for a in arguments.arrays}  # the call's own arguments, read through a closure: fine
+        clash = [
+            name
+            for name in closed
+            if name in arguments.names and any(id(t) not in own for t in _tracers.tracers_in(closed[name], wanted))
+        ]
+        if clash:  # the value can't be named as a parameter: said, not the generic refusal
+            raise error(
+                AutogradFunctionTypeError,
+                self.name,
+                f"forward or backward closes over '{clash[0]}', which holds a value being differentiated, and "
+                f"'{clash[0]}' is also a parameter of forward, so its gradient can't be named; rename the "
+                "closed-over variable, or pass the value as an argument",
+            )
+        if set(closed) & set(arguments.names):
             return unchanged
         values = {}
         for name, value in closed.items():

@@ -24,9 +24,10 @@ from . import _rule
 from ._errors import AutogradFunctionTypeError, error
 
 ONCE = (
-    "it runs NumPy code on the host (host=True), which JAX can differentiate only through the custom "
-    "backward, once; a second derivative (jax.grad of jax.grad, jax.hessian) or forward mode can't go "
-    "through it; write forward and backward in JAX operations for higher derivatives"
+    "it runs code on the host (host=True: NumPy or SciPy code, or a PyTorch Function through "
+    "jaxfn.from_torch), which JAX can differentiate only through the custom backward, once; a second "
+    "derivative (jax.grad of jax.grad, jax.hessian) or forward mode can't go through it; write forward and "
+    "backward in JAX operations (port it) for higher derivatives"
 )
 
 

@@ -144,7 +144,8 @@ class Closure:
                 args, kwargs = parts.join(arrays)
                 return function(*args, **kwargs)
 
-            program = self.held.trace(on_arrays, arrays)
+            others = [repr(v) for v, array in zip(parts.statics, parts.is_array) if not array]
+            program = self.held.trace(on_arrays, arrays, others)
             if key is not None:
                 self.held.programs[key] = program
         jaxpr, reads, out_tree = program
@@ -177,21 +178,21 @@ class _Held:
         self.tracers, self.function, self.parameter = tracers, function, parameter
         self.programs: dict[Any, tuple[Any, list[Any], Any]] = {}
 
-    def trace(self, on_arrays: Callable[..., Any], arrays: list[Any]) -> tuple[Any, list[Any], Any]:
+    def trace(self, on_arrays: Callable[..., Any], arrays: list[Any], others: list[str]) -> tuple[Any, list[Any], Any]:
         """The function traced for one signature: its program; for each value the program reads
         from outside, the index of the held tracer it is, or (a value that is not held) that value
         in a 1-tuple; and the output's structure."""
         try:
             jaxpr, consts, out_tree = _jax_private.traced(on_arrays, arrays)
         except jax.errors.UnexpectedTracerError as err:
-            shapes = ", ".join(str(jax.typeof(a).str_short()) for a in arrays) or "no arrays"
+            shapes = ", ".join([*(str(jax.typeof(a).str_short()) for a in arrays), *others]) or "no arguments"
             raise error(
                 AutogradFunctionTypeError,
                 self.function,
                 f"'{self.parameter}' is a function closing over traced values, and it was called with arguments "
                 f"({shapes}) it had not been called with while those values were being traced (in forward), so "
-                "JAX can no longer read them; call it in forward with arguments of the same shapes, or pass the "
-                "values themselves as arguments",
+                "JAX can no longer read them; call it in forward with arguments of the same shapes and the same "
+                "Python values, or pass the values themselves as arguments",
             ) from err
         index = {id(t): i for i, t in enumerate(self.tracers)}
         return jaxpr, [index[id(c)] if id(c) in index else (c,) for c in consts], out_tree

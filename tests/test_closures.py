@@ -7,6 +7,7 @@ jaxfn), eagerly, under ``jit``, ``vmap`` and ``scan``, and at second order."""
 
 import functools
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -705,3 +706,46 @@ def test_a_differentiated_value_read_from_outside_arguments_and_closure_is_refus
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'reads_outside': .*reads a value that JAX is tracing"):
         jax.grad(loss)(jnp.float32(3.0), jnp.ones(2))
     _OUTSIDE.clear()
+
+
+def test_a_closed_over_value_named_as_a_parameter_of_forward_is_named():
+    def loss(x):
+        def forward(ctx, x):
+            ctx.save_for_backward(x=x)
+            return jnp.sin(x)
+
+        def backward(ctx, g):
+            assert x is not None  # reads loss's x, differentiated, under forward's parameter's name
+            return {"x": g * jnp.cos(ctx.saved_variables.x)}
+
+        return jaxfn.autograd_function(forward, backward, name="clash")(2.0 * x).sum()
+
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'clash': forward or backward closes over 'x'.*also a "):
+        jax.grad(loss)(jnp.array([0.3, -1.2, 0.7]))
+
+
+def test_a_closure_called_in_backward_with_other_python_values_is_named_or_right():
+    """On jax 0.12 a closure's program can't be traced again after forward's trace ended: the
+    message names the arguments, Python values too; on jax 0.10 the call works."""
+
+    def forward(ctx, fn, x):
+        ctx.save_for_backward(fn=fn, x=x)
+        return fn(x, 1.0)
+
+    def backward(ctx, g):
+        s = ctx.saved_variables
+        _, pull = jax.vjp(lambda fn, x: fn(x, 2.0) / 2.0, s.fn, s.x)
+        fn_grad, x_grad = pull(g)
+        return {"fn": fn_grad, "x": x_grad}
+
+    f = jaxfn.autograd_function(forward, backward, name="twice_called")
+    x = jnp.array([1.0, 2.0])
+    loss = lambda w, x: f(lambda z, k: w * z * k, x).sum()
+    try:
+        got = jax.grad(loss, (0, 1))(0.4, x)
+    except jaxfn.AutogradFunctionError as err:
+        assert re.search(r"\(float\d+\[2\], 2\.0\)", str(err)) and "the same Python values" in str(err)
+    else:
+        want = jax.grad(lambda w, x: (w * x).sum(), (0, 1))(0.4, x)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
