@@ -167,8 +167,13 @@ class _Original:
         if not isinstance(value, np.ndarray):
             return value
         array = value if requires_grad else np.array(value)
-        dlpack = array.dtype != np.bool_ and array.size
-        tensor = self.torch.from_dlpack(array) if dlpack else self.torch.from_numpy(np.array(array))
+        bits = _BITS.get(array.dtype.name)
+        if bits is not None:  # bfloat16, float8: ml_dtypes' NumPy types, which NumPy's DLPack can't carry
+            tensor = self.torch.from_numpy(np.array(array).view(bits)).view(getattr(self.torch, array.dtype.name))
+        elif array.dtype != np.bool_ and array.size:
+            tensor = self.torch.from_dlpack(array)
+        else:
+            tensor = self.torch.from_numpy(np.array(array))
         return tensor.requires_grad_() if requires_grad else tensor
 
     def given(self, tensor: Any) -> Any:
@@ -179,6 +184,10 @@ class _Original:
         if not isinstance(value, self.torch.Tensor):
             return value
         tensor = value.detach().resolve_conj().resolve_neg()
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name in _BITS:  # back as ml_dtypes' NumPy type, by its bits
+            bits = {np.int16: self.torch.int16, np.int8: self.torch.int8}[_BITS[name]]
+            return tensor.cpu().contiguous().view(bits).numpy().view(jax.numpy.dtype(name))
         try:
             return np.from_dlpack(tensor)
         except (BufferError, RuntimeError, TypeError):  # bool, or a layout DLPack can't carry
@@ -216,8 +225,10 @@ class _Original:
         flat = jax.tree_util.tree_leaves(grad_outputs)
         if len(flat) != len(call.outputs):  # None leaves vanish: pair them by position instead
             flat = list(_flatten_with_none(grad_outputs))
+        # PyTorch's complex gradients are the conjugates of JAX's (its backward takes and gives
+        # conj(cotangent)): conjugated in and out, so the pullback is JAX's
         pairs = [
-            (o, self.tensor(np.asarray(g)))
+            (o, self.tensor(np.conj(g) if np.iscomplexobj(g) else np.asarray(g)))
             for o, g in zip(call.outputs, flat)
             if g is not None and isinstance(o, torch.Tensor) and o.requires_grad
         ]
@@ -230,7 +241,8 @@ class _Original:
             grads = list(torch.autograd.grad(outs, wanted, given, allow_unused=True, retain_graph=True))
         by_input = iter(grads)
         returned = [
-            self.array(next(by_input)) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in call.inputs
+            _conj(self.array(next(by_input))) if isinstance(t, torch.Tensor) and t.requires_grad else None
+            for t in call.inputs
         ]
         return tuple(returned)
 
@@ -261,14 +273,20 @@ class _Original:
         return [self.array(leaf) for leaf in jax.tree_util.tree_leaves(out)]
 
 
+# ml_dtypes' types NumPy's DLPack can't carry, by torch's name for them: the integer type of their bits
+_BITS = {"bfloat16": np.int16, "float8_e4m3fn": np.int8, "float8_e5m2": np.int8}
+
+
+def _conj(value: Any) -> Any:
+    return np.conj(value) if isinstance(value, np.ndarray) and np.iscomplexobj(value) else value
+
+
 def _flatten_with_none(tree: Any) -> Any:
     return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
 
 
 def _differentiable(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and (
-        np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.complexfloating)
-    )
+    return isinstance(value, np.ndarray) and jax.numpy.issubdtype(value.dtype, jax.numpy.inexact)  # bfloat16 too
 
 
 class _Batched:
@@ -281,12 +299,12 @@ class _Batched:
         examples = [_unbatched_spec(a, d) for a, d in zip(args, in_dims)]
         description = self.unbatched.outputs(*examples)
         specs = [jax.ShapeDtypeStruct((info.batch_size, *s.shape), s.dtype) for s in description.avals]
-        arrays = [a for a in args if isinstance(a, jax.Array)]
+        arrays = [a for a in args if isinstance(a, (jax.Array, np.ndarray))]
         dims = tuple(in_dims)
 
         def host(*values: Any) -> Any:
             it = iter(values)
-            full = [np.asarray(next(it)) if isinstance(a, jax.Array) else a for a in args]
+            full = [np.asarray(next(it)) if isinstance(a, (jax.Array, np.ndarray)) else a for a in args]
             outs = self.original.batched(dims, *full)
             return tuple(np.asarray(o).astype(s.dtype, copy=False) for o, s in zip(outs, specs))
 
@@ -295,7 +313,7 @@ class _Batched:
 
 
 def _unbatched_spec(value: Any, dim: Any) -> Any:
-    if not isinstance(value, jax.Array) or dim is None:
+    if not isinstance(value, (jax.Array, np.ndarray)) or dim is None:
         return value
     shape = tuple(np.shape(value))
     return np.zeros(shape[:dim] + shape[dim + 1 :], value.dtype)  # what the probe reads: shape and dtype

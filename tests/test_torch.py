@@ -523,3 +523,98 @@ def test_from_torch_names_an_instance_or_a_module_class_given_for_the_function()
         jaxfn.from_torch(instance)
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'ReLU': .*torch.nn.modules.activation.ReLU.*an nn.Module"):
         jaxfn.from_torch(torch.nn.ReLU)
+
+
+class _CMul(torch.autograd.Function):
+    """A complex product with PyTorch's convention: backward takes and gives conjugated gradients."""
+
+    @staticmethod
+    def forward(ctx, z, w):
+        ctx.save_for_backward(z, w)
+        return z * w
+
+    @staticmethod
+    def backward(ctx, g):
+        z, w = ctx.saved_tensors
+        return g * w.conj(), g * z.conj()
+
+
+_Z = np.array([1.0 + 2.0j, -0.5 + 0.3j], np.complex64)
+_W = np.array([0.7 - 1.1j, 2.0 + 0.5j], np.complex64)
+
+
+def test_from_torch_gives_jaxs_complex_gradients():
+    f = jaxfn.from_torch(_CMul)
+    loss = lambda g: lambda z: (jnp.abs(g(z, _W)) ** 2).sum()
+    np.testing.assert_allclose(jax.grad(loss(f))(_Z), jax.grad(loss(lambda a, b: a * b))(_Z), rtol=1e-5)
+    pull = jax.vjp(lambda z: f(z, _W), _Z)[1]
+    np.testing.assert_allclose(pull(jnp.asarray(1j * np.ones(2), np.complex64))[0], 1j * _W, rtol=1e-5)
+
+
+def test_compare_reads_complex_gradients_in_jaxs_convention():
+    def forward(ctx, z, w):
+        ctx.save_for_backward(z, w)
+        return z * w
+
+    right = jaxfn.autograd_function(forward, lambda ctx, g: (g * ctx.saved_tensors[1], g * ctx.saved_tensors[0]))
+    kept = jaxfn.autograd_function(  # PyTorch's .conj() kept: wrong in JAX
+        forward, lambda ctx, g: (g * ctx.saved_tensors[1].conj(), g * ctx.saved_tensors[0].conj())
+    )
+    assert jaxfn.compare(right, _CMul, _Z, _W)
+    assert not jaxfn.compare(kept, _CMul, _Z, _W)
+
+
+def test_from_torch_takes_bfloat16_and_numpy_inputs_under_vmap():
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+        @staticmethod
+        def vmap(info, in_dims, x):
+            return Double.apply(x), in_dims[0]
+
+    f = jaxfn.from_torch(Double)
+    ones = jnp.ones(3, jnp.bfloat16)
+    assert f(ones).dtype == jnp.bfloat16 and float(f(ones)[0]) == 2.0
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda a: f(a).sum().astype(jnp.float32)))(ones), [2.0] * 3)
+    batch = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(jax.vmap(f)(batch), 2 * batch)
+
+
+def test_compare_notes_a_vmap_rule_that_refuses_some_batched_arguments():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(x, w):
+            return x * w
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g * w, g * x
+
+        @staticmethod
+        def vmap(info, in_dims, x, w):
+            if in_dims[1] is not None:
+                raise NotImplementedError("Scale: batching over w is not supported")
+            return Scale.apply(x, w), in_dims[0]
+
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    port = jaxfn.autograd_function(forward, lambda ctx, g: (g * ctx.saved_tensors[1], g * ctx.saved_tensors[0]))
+    report = jaxfn.compare(port, Scale, np.ones(3), np.full(3, 2.0))
+    assert report and "vmap not compared: the original refused" in str(report)
