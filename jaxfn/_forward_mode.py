@@ -228,9 +228,9 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
 
 def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
     """The integer or boolean dtype a value computed from ``linear`` variables is turned into in
-    ``jaxpr`` (and in the jaxprs it calls with its own inputs, as a jit does), or None: JAX
-    transposes such a cast to zero without calling it non-linear. A cast inside a loop's or a
-    cond's body is seen where its result leaves the body as an integer only."""
+    ``jaxpr`` (and in the jaxprs it calls with its own inputs, as a jit, a scan or a cond's
+    branches do), or None: JAX transposes such a cast to zero without calling it non-linear. A
+    cast inside a while loop's body is seen where its result leaves the body as an integer only."""
     for eqn in jaxpr.eqns:
         inputs = [isinstance(v, Var) and v in linear for v in eqn.invars]
         if not any(inputs):
@@ -243,9 +243,10 @@ def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
             elif not subs and dtype != jax.dtypes.float0:  # an operation (not a loop's counter) made it
                 return dtype
         for sub in subs:
-            if len(sub.invars) != len(inputs):  # not a call of its inputs as they are (a cond, a loop)
+            skipped = _jax_private.sub_jaxpr_operands(eqn, sub)
+            if skipped is None:  # a layout of its inputs not known (a while loop's): seen where results leave
                 continue
-            found = _cast_of_grad_output(sub, {v for v, flag in zip(sub.invars, inputs) if flag})
+            found = _cast_of_grad_output(sub, {v for v, flag in zip(sub.invars, inputs[skipped:]) if flag})
             if found is not None:
                 return found
     return None

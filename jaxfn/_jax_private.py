@@ -253,6 +253,19 @@ def sub_jaxprs(params: dict[str, Any]) -> list[Any]:
     return found
 
 
+def sub_jaxpr_operands(eqn: Any, sub: Any) -> int | None:
+    """How many of ``eqn``'s first inputs ``sub`` does not receive, where it receives the rest in
+    order (0 for a call of its inputs as they are, a jit's or a scan's; 1 for a cond's branches,
+    which get every operand but the branch index, jax 0.10-0.12); None for other layouts (a while
+    loop's bodies)."""
+    count = len(eqn.invars)
+    if len(sub.invars) == count:
+        return 0
+    if eqn.primitive.name == "cond" and len(sub.invars) == count - 1:
+        return 1
+    return None
+
+
 # The dtype of a value's tangent (jax._src.core; public only through an array's aval): float0 for
 # values JAX never differentiates (integers, PRNG keys), itself for Flax's fp8 fm32 scales.
 from jax._src.core import primal_dtype_to_tangent_dtype as _tangent_dtype  # noqa: E402

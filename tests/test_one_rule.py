@@ -584,3 +584,13 @@ def test_linearize_of_linearize_in_forward_mode():
         f = jaxfn.autograd_function(lambda ctx, x: x * 2.0, lambda ctx, g: g * 2.0, name="f", **options)
         outer = jax.linearize(lambda x, f=f: jax.linearize(f, x)[1](jnp.float32(1.0)), jnp.float32(3.0))
         _close(outer[0], 2.0)
+
+
+@pytest.mark.parametrize("transform", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_forward_mode_refuses_a_cast_of_grad_output_inside_a_cond_branch(transform):
+    def backward(ctx, g):
+        return lax.cond(True, lambda g: (g * 1000).astype(jnp.int32).astype(g.dtype) / 1000, lambda g: g, g)
+
+    f = jaxfn.autograd_function(lambda ctx, x: x * 1.0, backward, name="quant_in_cond", forward_mode=True)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'quant_in_cond': .*casts a value computed from grad"):
+        transform(lambda x, t: jax.jvp(f, (x,), (t,)))(X, jnp.ones(3))
