@@ -201,7 +201,11 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
     arrays = [isinstance(c, jax.Array) for c in closed.consts]
     zeros = [np.zeros(np.shape(e), e.dtype) for e in examples]
     real = None if any(isinstance(c, Tracer) for c in closed.consts) else list(closed.consts)
-    probes = ("normal", "negated", "ones") if not _jax_private.calls_back(closed.jaxpr) else ()  # user callbacks
+    # not inside jax.shard_map, whose collectives and varying casts run only there (a known limit:
+    # a constant term is not seen there); not on made-up values where backward calls back into Python
+    if _jax_private.inside_shard_map() or _jax_private.uses_mesh_axes(closed.jaxpr):
+        return
+    probes = ("normal", "negated", "ones") if not _jax_private.calls_back(closed.jaxpr) else ()
     if real is None and not probes:  # see only real values
         return
 

@@ -240,6 +240,21 @@ def calls_back(jaxpr: Any) -> bool:
     )
 
 
+def uses_mesh_axes(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (or a jaxpr it holds) names mesh axes (a collective, ``psum``, ``pvary``,
+    ``all_gather``, ``axis_index``...: a parameter ``axes`` or ``axis_name`` holding a string, as
+    jax 0.10-0.12 keep them), so that it can run only inside ``jax.shard_map``."""
+
+    def names_an_axis(value: Any) -> bool:
+        return isinstance(value, str) or (isinstance(value, (tuple, list)) and any(map(names_an_axis, value)))
+
+    return any(
+        any(names_an_axis(eqn.params.get(key)) for key in ("axes", "axis_name"))
+        or any(uses_mesh_axes(sub) for sub in sub_jaxprs(eqn.params))
+        for eqn in jaxpr.eqns
+    )
+
+
 def sub_jaxprs(params: dict[str, Any]) -> list[Any]:
     """The jaxprs an equation holds in its parameters (a jit's, a cond's branches, a scan's body;
     closed ones opened), as jax 0.10-0.12 keep them."""
@@ -291,3 +306,26 @@ def run_traced(program: Any, consts: list[Any], arrays: Any) -> list[Any]:
     """A program from ``traced``, run on other constants and arrays (``jax.core.eval_jaxpr``, in
     ``jax.core`` on jax 0.10-0.12)."""
     return _eval_jaxpr(program, consts, *arrays)
+
+
+# An abstract value from a ShapeDtypeStruct, keeping the mesh axes it varies over inside
+# jax.shard_map (a ShapedArray built from shape and dtype alone drops them): jax._src.core's
+# shaped_abstractify, jax 0.10-0.12.
+from jax._src.core import shaped_abstractify as _shaped_abstractify  # noqa: E402
+
+
+def aval_of(struct: Any) -> Any:
+    """The abstract value of a ``jax.ShapeDtypeStruct`` (``jax.eval_shape``'s), varying axes kept."""
+    return _shaped_abstractify(struct)
+
+
+def batched_aval(aval: Any, size: int) -> Any:
+    """``aval`` with a leading batch axis of ``size``, its weak type, sharding and varying axes kept
+    (``ShapedArray.update``, jax 0.10-0.12)."""
+    return aval.update(shape=(size, *aval.shape))
+
+
+def inside_shard_map() -> bool:
+    """Whether the current trace is inside ``jax.shard_map`` (the abstract mesh's manual axes,
+    ``jax.sharding.get_abstract_mesh().manual_axes``, jax 0.10-0.12)."""
+    return bool(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()))

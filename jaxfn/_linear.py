@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._arguments import DIFF, dtype_kind
-from ._jax_private import HI_PRIMITIVE, HI_ZERO, SHAPED_ARRAY, is_gradient_accumulator
+from ._jax_private import HI_PRIMITIVE, HI_ZERO, SHAPED_ARRAY, batched_aval, is_gradient_accumulator
 
 # forward_map(residuals, tangents) -> tangents out; backward_map(residuals, cotangents) -> one
 # cotangent (or None) per tangent; a cotangent of None is a zero one.
@@ -191,4 +191,4 @@ class _Linear(HI_PRIMITIVE):
 
 
 def _batched(aval: Any, size: int) -> Any:
-    return SHAPED_ARRAY((size, *aval.shape), aval.dtype, weak_type=getattr(aval, "weak_type", False))
+    return batched_aval(aval, size)

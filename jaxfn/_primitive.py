@@ -45,7 +45,7 @@ from ._errors import AutogradFunctionTypeError, ContextAttributeError, error, ty
 from ._outputs import Described, Outputs
 
 # jax.experimental.hijax's names, kept with their JAX versions in _jax_private
-_BASE, _Zero, _ShapedArray = _jax_private.HI_PRIMITIVE, _jax_private.HI_ZERO, _jax_private.SHAPED_ARRAY
+_BASE, _Zero = _jax_private.HI_PRIMITIVE, _jax_private.HI_ZERO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +196,7 @@ class _Primitive(_BASE):
 
 
 def _batched_aval(aval: Any, size: int) -> Any:
-    return _ShapedArray((size, *aval.shape), aval.dtype, weak_type=aval.weak_type)
+    return _jax_private.batched_aval(aval, size)
 
 
 def _batched_rules(unbatched: _Primitive, dims: tuple[Any, ...], vmap: Callable[..., Any]) -> _Rules:
@@ -275,7 +275,7 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
         vmap = _user_vmap(definition, args, info) if definition.vmap is not None else None
         rules = _Rules(name, in_diff, tuple(info.differentiable), primal, fwd, bwd, jvp, has_forward_mode, vmap)
         in_avals = tuple(jax.typeof(a) for a in arrays)
-        out_avals = tuple(_ShapedArray(s.shape, s.dtype, weak_type=getattr(s, "weak_type", False)) for s in shapes)
+        out_avals = tuple(map(_jax_private.aval_of, shapes))  # inside shard_map: varying as forward's outputs
         out = _Primitive(rules, in_avals, out_avals)(*arrays)
         return info.rebuild(out)
 

@@ -77,3 +77,74 @@ def test_shard_map_with_replicated_parameters_and_collectives_in_backward():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("OK")
+
+
+EVERY_BUILDER = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jaxfn
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    x = jnp.arange(16.0).reshape(8, 2) / 10
+    b = jnp.array([0.3, -0.2])
+    xs = jax.device_put(x, NamedSharding(mesh, P("d")))
+    close = lambda got, want: np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+    def forward(ctx, x, b):
+        y = jnp.tanh(x + b)
+        ctx.save_for_backward(y=y)
+        return y
+
+    def backward(ctx, g):
+        gz = g * (1 - ctx.saved_variables.y ** 2)
+        return gz, gz
+
+    vmap_rule = lambda info, d, x, b: (jnp.tanh(jnp.moveaxis(x, d[0], 0) + b), 0)
+    builders = {
+        "default": {},
+        "forward_mode": {"forward_mode": True},
+        "jvp rule": {"jvp": lambda ctx, tx, tb: (tx + tb) * (1 - ctx.saved_tensors[0] ** 2)},
+        "vmap rule": {"vmap": vmap_rule},
+    }
+    plain = lambda x, b: jnp.tanh(x + b)
+    shard = lambda f: jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d"))
+    batched = lambda f: shard(jax.vmap(f, in_axes=(0, None)))
+    for name, options in builders.items():
+        f = jaxfn.autograd_function(forward, backward, name="th", **options)
+        if name == "jvp rule":  # its jvp reads what forward saved for it
+            def fwd_saving(ctx, x, b):
+                y = forward(ctx, x, b)
+                ctx.save_for_forward(y)
+                return y
+            f = jaxfn.autograd_function(fwd_saving, backward, name="th", **options)
+        for wrap in (shard, batched):  # a replicated parameter, per-device batches; also vmap inside
+            loss = lambda b, f=f, wrap=wrap: jnp.sin(wrap(f)(xs, b)).sum()
+            close(jax.jit(jax.grad(loss))(b), jax.grad(lambda b: jnp.sin(wrap(plain)(xs, b)).sum())(b))
+        if name != "default" and name != "vmap rule":  # forward mode wrt the replicated parameter
+            tangent = jax.jit(lambda b, f=f: jax.jvp(lambda b: shard(f)(xs, b), (b,), (b,))[1])(b)
+            close(tangent, jax.jvp(lambda b: shard(plain)(xs, b), (b,), (b,))[1])
+
+    center = jaxfn.autograd_function(  # forward mode of a backward with a collective
+        lambda ctx, x: x - jax.lax.psum(x.sum(0), "d") / 16,
+        lambda ctx, g: g - jax.lax.psum(g.sum(0), "d") / 16,
+        name="center",
+        forward_mode=True,
+    )
+    plain_center = lambda x: x - jax.lax.psum(x.sum(0), "d") / 16
+    sh = lambda f: jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d"))
+    want = jax.jvp(sh(plain_center), (xs,), (xs * xs,))[1]
+    close(jax.jit(lambda x: jax.jvp(sh(center), (x,), (x * x,))[1])(xs), want)
+    print("OK")
+    """
+)
+
+
+@pytest.mark.slow
+def test_every_builder_inside_shard_map_with_a_replicated_parameter():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", EVERY_BUILDER], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("OK")
