@@ -313,6 +313,15 @@ def split(bound: dict[str, Any], varargs: str | None = None) -> Arguments:
     return Arguments(treedef, is_array, statics, tuple(bound), kinds, tuple(arrays), varargs)
 
 
+def is_real_number(value: Any) -> bool:
+    """Whether ``value`` is one real number: a Python, NumPy or JAX scalar (not a bool or a string)."""
+    if isinstance(value, (bool, str, bytes)) or np.ndim(value) != 0:
+        return False
+    return bool(
+        np.issubdtype(np.asarray(value).dtype, np.integer) or np.issubdtype(np.asarray(value).dtype, np.floating)
+    )
+
+
 def is_torch_tensor(value: Any) -> bool:
     """Whether ``value`` is a PyTorch tensor (read from its type: torch is never imported here)."""
     kind = type(value)

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _jax_private, _torch
+from . import _arguments, _jax_private, _torch
 from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, error, type_name
 
 _TOLERANCES = {2: (1e-2, 1e-3), 4: (1e-4, 1e-5), 8: (1e-7, 1e-9)}  # itemsize: (rtol, atol)
@@ -126,9 +126,7 @@ def compare(
             f"{type_name(port)} as the port",
         )
     for option, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and (
-            not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or value < 0
-        ):
+        if value is not None and (not _arguments.is_real_number(value) or value < 0):
             raise error(AutogradFunctionValueError, name, f"{option} must be a number >= 0, but got {value!r}")
     run = _Run(torch, function, port, args, kwargs, np.random.default_rng(seed), rtol, atol)
     report = Report(name)
@@ -180,6 +178,8 @@ class _Run:
             try:
                 theirs = self.original_call([self.tensor(a) for a in self.given])
             except TypeError as err:  # the arguments it takes differ from the port's: said as such
+                if _takes(self.function.forward, len(self.given), self.kwargs):
+                    raise  # the original's own error
                 raise error(
                     AutogradFunctionTypeError,
                     self.function.__name__,
@@ -308,7 +308,10 @@ class _Run:
                 )(*[self.tensor(b) for b in batch])
         except Exception as err:  # noqa: BLE001 - a vmap rule that batches some arguments only: reported
             first = (str(err).splitlines() or [""])[0]
-            report.notes.append(f"vmap not compared: the original refused every array argument batched ({first})")
+            report.notes.append(
+                f"vmap not compared: the original raised {type(err).__name__} with every array argument batched "
+                f"({first})"
+            )
             return
         theirs = jax.tree_util.tree_leaves(out)
         ours = jax.tree_util.tree_leaves(
@@ -348,6 +351,22 @@ class _Run:
         if not np.all(close):
             index = tuple(int(i) for i in np.argwhere(~close)[0])
             report.rows.append(Row(check, where, index, a[index].item(), b[index].item()))
+
+
+def _takes(forward: Any, count: int, kwargs: dict[str, Any]) -> bool:
+    """Whether a PyTorch forward's signature takes a call's arguments (after ctx, or alone with
+    setup_context)."""
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):
+        return True
+    for first in ((None,), ()):
+        try:
+            signature.bind(*first, *[None] * count, **kwargs)
+            return True
+        except TypeError:
+            pass
+    return False
 
 
 def _narrowed(ours: np.dtype, theirs: np.dtype) -> bool:

@@ -111,6 +111,9 @@ class SavedTensors(tuple):
         saved._function = function
         return saved
 
+    def __reduce__(self) -> Any:  # copied or pickled as the plain tuple it is
+        return (tuple, (tuple(self),))
+
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, int) and not -len(self) <= key < len(self):
             raise error(
@@ -121,6 +124,14 @@ class SavedTensors(tuple):
                 "with ctx.save_for_forward)",
             )
         return tuple.__getitem__(self, key)
+
+
+# a container for JAX as the tuple it is (tree_map, jit arguments), its children unflattened as a tuple
+jax.tree_util.register_pytree_node(
+    SavedTensors,
+    lambda saved: (tuple(saved), None),
+    lambda _, values: tuple(values),  # type: ignore[arg-type, return-value]
+)
 
 
 class NeedsInputGrad(Sequence):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
-from ._arguments import DIFF, dtype_kind, is_torch_tensor, leaf_kind
+from ._arguments import DIFF, dtype_kind, is_real_number, is_torch_tensor, leaf_kind
 from ._errors import (
     GRADCHECK,
     AutogradFunctionError,
@@ -112,8 +112,7 @@ def gradcheck(
         )
     _refuse_ambiguous_options(fn, [name for name, value in options.items() if value is not None])
     for option, value in (("eps", eps), ("atol", atol), ("rtol", rtol)):
-        number = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-        if value is not None and (not number or not value >= 0 or (option == "eps" and value == 0)):
+        if value is not None and (not is_real_number(value) or not value >= 0 or (option == "eps" and value == 0)):
             wanted = "a positive number" if option == "eps" else "a number >= 0"
             raise error(
                 AutogradFunctionValueError,

@@ -62,11 +62,12 @@ class _Probe:
 
     @property
     def carried(self) -> tuple[jax.ShapeDtypeStruct, ...]:
-        """What forward's callback sends to backward's: the saved values as they cross, and a receipt
-        (a scalar), so that backward's callback always depends on forward's: under ``jit(grad)``
-        JAX would otherwise drop a forward whose outputs are unused and whose saves carry no data
-        (``None``, an empty list), and backward would read the probe's saves (and miss its errors)."""
-        return (*(s for s in map(_host_values.carried_spec, self.carries) if s is not None), _RECEIPT)
+        """What forward's callback sends to backward's: the saved values as they cross, or, where
+        none carries data (``None``, an empty list), a receipt (a scalar), so that backward's
+        callback always depends on forward's: under ``jit(grad)`` JAX would otherwise drop a forward
+        whose outputs are unused, and backward would read the probe's saves (and miss its errors)."""
+        specs = tuple(s for s in map(_host_values.carried_spec, self.carries) if s is not None)
+        return specs or (_RECEIPT,)  # a save that carries data already makes backward depend on forward
 
 
 _RECEIPT = jax.ShapeDtypeStruct((), np.uint8)
@@ -245,7 +246,8 @@ def _host_forward(definition: _rule.Definition, args: Arguments, probe: _Probe, 
             raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="save"))
         for leaf, carry in zip(leaves, probe.carries):
             results.extend(_host_values.send(name, leaf, carry))
-        results.append(np.zeros((), np.uint8))  # the receipt (see _Probe.carried)
+        if len(results) == len(probe.info.avals):  # nothing saved carries data: the receipt (_Probe.carried)
+            results.append(np.zeros((), np.uint8))
     return tuple(results)
 
 

@@ -183,7 +183,7 @@ class _Primitive(_BASE):
 
         def rules_batched(*front: Any) -> tuple[Any, ...]:  # an unbatched output: the batch's mean (each
             # element's cotangent a share of the one output's, as when broadcast and summed)
-            return tuple(o if d is not None else o.mean(0) for o, d in zip(generic(*front), out_dims))
+            return tuple(o if d is not None else _mean(o) for o, d in zip(generic(*front), out_dims))
 
         tied = _tie.tie(rules_batched, front, at_front)
         return tied, tuple(None if d is None else 0 for d in out_dims)
@@ -193,6 +193,11 @@ class _Primitive(_BASE):
         if out is None or any(isinstance(a, Tracer) for a in arrays):
             return tuple(self(*arrays))
         return tuple(out)
+
+
+def _mean(batched: Any) -> Any:
+    """The batch's mean (an integer or boolean output, never differentiated: its first element)."""
+    return batched.mean(0) if jnp.issubdtype(batched.dtype, jnp.inexact) else batched[0]
 
 
 def _batched_aval(aval: Any, size: int) -> Any:

@@ -413,10 +413,12 @@ def check_definition(name: str, role: str, function: Any) -> None:
         )
     try:
         has_ctx = _arguments.context_parameter(function) is not None
-        first = next(iter(inspect.signature(function).parameters), None)
+        first_two = tuple(inspect.signature(function).parameters)[:2]
     except (TypeError, ValueError):  # no signature to read (some builtins): trust the caller
         return
-    if first == "self":  # a method of a jaxfn.Function written without @staticmethod (old PyTorch style)
+    # a method of a jaxfn.Function written without @staticmethod: (self, ctx, ...); old PyTorch code's
+    # static forward(self, x), self being the context, is fine
+    if first_two in (("self", "ctx"), ("self", "context")):
         raise error(
             AutogradFunctionTypeError,
             name,

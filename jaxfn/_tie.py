@@ -37,7 +37,7 @@ def _jvp(primals: Any, tangents: Any, *, count: int, rule: Any) -> tuple[list[An
     arrays, out = tuple(primals[:count]), tuple(primals[count:])
     which = [i for i, t in enumerate(tangents[:count]) if type(t) is not ad.Zero]  # only these: the rule's
     if not which:  # needs_input_grad sees exactly what is differentiated
-        return list(out), [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in out]
+        return list(tie(rule, arrays, out)), [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in out]
 
     def on(*chosen: Any) -> tuple[Any, ...]:
         merged = list(arrays)

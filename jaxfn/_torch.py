@@ -205,15 +205,6 @@ class _Original:
         arrays = [self.array(leaf) for leaf in leaves]
         ctx.torch_call = _Call([*tensors, *named.values()], leaves, args, kwargs)
         if grad:
-            for index, leaf in enumerate(leaves):  # PyTorch can't differentiate it: its gradient would be lost
-                if isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.inexact):
-                    raise error(
-                        AutogradFunctionTypeError,
-                        self.name,
-                        f"its PyTorch forward returned a NumPy array (dtype {leaf.dtype}) as output {index}, not a "
-                        "torch.Tensor, so PyTorch's autograd can't differentiate it and its gradient would be lost; "
-                        "return a tensor (torch.from_numpy(...), or keep the computation in torch)",
-                    )
             cut = [a for a, t in zip(arrays, leaves) if isinstance(t, torch.Tensor) and not t.requires_grad]
             ctx.mark_non_differentiable(*cut)
         ctx.set_materialize_grads(False)  # PyTorch's engine materializes, as the Function asks it to
@@ -225,6 +216,15 @@ class _Original:
         flat = jax.tree_util.tree_leaves(grad_outputs)
         if len(flat) != len(call.outputs):  # None leaves vanish: pair them by position instead
             flat = list(_flatten_with_none(grad_outputs))
+        for index, (o, g) in enumerate(zip(call.outputs, flat)):  # a gradient PyTorch can't carry: refused
+            if g is not None and isinstance(o, np.ndarray) and np.issubdtype(o.dtype, np.inexact):
+                raise error(
+                    AutogradFunctionTypeError,
+                    self.name,
+                    f"a gradient reaches output {index}, which its PyTorch forward returned as a NumPy array (dtype "
+                    f"{o.dtype}), not a torch.Tensor, so PyTorch's autograd can't differentiate it and the gradient "
+                    "would be lost; return a tensor (torch.from_numpy(...)), or don't differentiate through it",
+                )
         # PyTorch's complex gradients are the conjugates of JAX's (its backward takes and gives
         # conj(cotangent)): conjugated in and out, so the pullback is JAX's
         pairs = [

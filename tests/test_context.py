@@ -306,3 +306,42 @@ def test_saved_variables_after_positional_saves_unpacks_as_pytorch_does():
     np.testing.assert_allclose(gx, y)
     np.testing.assert_allclose(gy, x)
     assert seen == dict(length=2, keys=[], as_dict={})  # by-name saves iterate names (see the test above)
+
+
+def test_saved_tensors_is_a_tuple_to_jax_copy_and_pickle():
+    import copy
+    import pickle
+
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * y
+
+    def backward(ctx, g):
+        x, y = jax.tree_util.tree_map(lambda v: v * 1.0, ctx.saved_tensors)  # a container of two leaves
+        both = jax.jit(lambda saved: saved[0] + saved[1])(ctx.saved_tensors)  # a jit argument
+        assert copy.copy(ctx.saved_tensors) == tuple(ctx.saved_tensors)
+        assert isinstance(ctx.saved_tensors, tuple)
+        return g * y + 0.0 * both, g * x
+
+    f = jaxfn.autograd_function(forward, backward, name="mul")
+    got = jax.grad(lambda x, y: f(x, y).sum(), (0, 1))(jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0]))
+    np.testing.assert_allclose(got[0], [3.0, 4.0])
+    np.testing.assert_allclose(got[1], [1.0, 2.0])
+    assert pickle.loads(pickle.dumps(jaxfn._context.SavedTensors("f", (1, 2)))) == (1, 2)
+
+
+def test_a_static_forward_taking_self_as_its_context_works_as_in_old_pytorch_code():
+    class Exp(jaxfn.Function):
+        @staticmethod
+        def forward(self, x):
+            out = jnp.exp(x)
+            self.save_for_backward(out)
+            return out
+
+        @staticmethod
+        def backward(self, g):
+            (out,) = self.saved_tensors
+            return g * out
+
+    x = jnp.array([0.5, 1.0])
+    np.testing.assert_allclose(jax.grad(lambda x: Exp.apply(x).sum())(x), jnp.exp(x), rtol=1e-6)

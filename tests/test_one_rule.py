@@ -594,3 +594,20 @@ def test_forward_mode_refuses_a_cast_of_grad_output_inside_a_cond_branch(transfo
     f = jaxfn.autograd_function(lambda ctx, x: x * 1.0, backward, name="quant_in_cond", forward_mode=True)
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'quant_in_cond': .*casts a value computed from grad"):
         transform(lambda x, t: jax.jvp(f, (x,), (t,)))(X, jnp.ones(3))
+
+
+def test_an_integer_output_a_vmap_rule_returns_unbatched_has_no_tangent():
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w, jnp.argmax(w)
+
+    def backward(ctx, g, gi):
+        x, w = ctx.saved_tensors
+        return g * w, g * x
+
+    rule = lambda info, d, x, w: ((jnp.moveaxis(x, d[0], 0) * w, jnp.argmax(w)), (0, None))
+    f = jaxfn.autograd_function(forward, backward, name="f", vmap=rule, forward_mode=True)
+    xb, w = jnp.arange(6.0).reshape(2, 3), jnp.array([0.5, 2.0, 1.0])
+    (_, index), (_, tangent) = jax.jvp(lambda w: jax.vmap(f, in_axes=(0, None))(xb, w), (w,), (jnp.ones(3),))
+    assert int(index[0]) == 1 and tangent.dtype == jax.dtypes.float0
+    _close(jax.grad(lambda w: jax.vmap(f, in_axes=(0, None))(xb, w)[0].sum())(w), xb.sum(0))
