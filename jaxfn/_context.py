@@ -46,12 +46,15 @@ class SavedVariables(Mapping):
     the saves by name either way.
     """
 
-    __slots__ = ("_function", "_values", "_in_order")
+    __slots__ = ("_function", "_values", "_in_order", "_replaced")
 
-    def __init__(self, function: str, values: dict[str, Any], in_order: tuple[Any, ...]):
+    def __init__(
+        self, function: str, values: dict[str, Any], in_order: tuple[Any, ...], replaced: tuple[str, ...] = ()
+    ):
         object.__setattr__(self, "_function", function)
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_in_order", in_order)
+        object.__setattr__(self, "_replaced", replaced)
 
     def __getitem__(self, name: Any) -> Any:
         if isinstance(name, int):
@@ -80,6 +83,12 @@ class SavedVariables(Mapping):
             "ctx.saved_variables is read-only; save values in forward with ctx.save_for_backward(name=value)",
         )
 
+    def __setitem__(self, name: Any, value: Any) -> None:
+        self.__setattr__(str(name), value)
+
+    def __delitem__(self, name: Any) -> None:
+        self.__setattr__(str(name), None)
+
     def __iter__(self) -> Iterator[Any]:
         return iter(self._values if self._values or not self._in_order else self._in_order)
 
@@ -94,7 +103,12 @@ class SavedVariables(Mapping):
 
     def _unknown(self, name: str) -> str:
         text = unknown_name("ctx.saved_variables", name, self._values)
-        if not self._values and self._in_order:  # saved by position (PyTorch's form)
+        if name in self._replaced:  # R code saving one value per call
+            text = text.removesuffix(".") + (
+                f" ('{name}' was saved by an earlier ctx.save_for_backward call, and each call replaces what the "
+                "earlier ones saved: save everything in one call, ctx.save_for_backward(a=a, b=b))"
+            )
+        elif not self._values and self._in_order:  # saved by position (PyTorch's form)
             count = len(self._in_order)
             text = text.removesuffix(".") + f" (forward saved {count} value(s) by position: read them as "
             text += "ctx.saved_tensors[i], or save by name, ctx.save_for_backward(x=x))"
@@ -174,6 +188,9 @@ class NeedsInputGrad(Sequence):
     def __setattr__(self, name: str, value: Any) -> None:
         raise error(AutogradFunctionTypeError, self._function, "ctx.needs_input_grad is read-only")
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.__setattr__(str(key), value)
+
     def __contains__(self, item: object) -> bool:
         return item in self._flags if isinstance(item, str) else item in self._by_position
 
@@ -224,6 +241,7 @@ class _State:
     non_differentiable: list[Any] = dataclasses.field(default_factory=list)
     materialize: bool = True
     perturbed: tuple[bool, ...] = ()  # per array input: whether JAX differentiates it (forward only)
+    replaced: tuple[str, ...] = ()  # names an earlier save_for_backward saved and a later one dropped
 
     def holding(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
         """A copy past forward, without the call's inputs, holding these saved values: ``()`` and
@@ -240,6 +258,7 @@ class _State:
             {},
             self.non_differentiable,
             self.materialize,
+            replaced=self.replaced,
         )
 
 
@@ -307,8 +326,11 @@ class Context:
           **named: values saved by name, read back as `ctx.saved_variables.name`.
         """
         self._forward_only("save_for_backward")
-        self._state.positional = values
-        self._state.named = named
+        state = self._state
+        dropped = [n for n in (*state.replaced, *state.named) if n not in named]
+        state.replaced = tuple(dict.fromkeys(dropped))  # for the message if backward asks for one
+        state.positional = values
+        state.named = named
 
     def save_for_forward(self, *values: Any, **named: Any) -> None:
         """Save values for a `jvp` rule (PyTorch's `ctx.save_for_forward`): jvp reads them as
@@ -382,7 +404,7 @@ class Context:
         indexes a list), the same as `ctx.saved_tensors[i]`; `keys()`, `in`, `len` and iteration
         as for a dict. An unknown name raises `AutogradFunctionError` listing the saved names.
         """
-        return SavedVariables(self._state.function, self._state.named, self.saved_tensors)
+        return SavedVariables(self._state.function, self._state.named, self.saved_tensors, self._state.replaced)
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:

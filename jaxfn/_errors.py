@@ -141,6 +141,7 @@ TRACER_ERRORS = (
     jax.errors.TracerBoolConversionError,  # if x > 0:, while, and/or, assert on an array
     jax.errors.TracerIntegerConversionError,  # int(x), operator.index(x), a list indexed by an array
     jax.errors.TracerArrayConversionError,  # np.asarray(x), a NumPy function, x.tolist()
+    jax.errors.NonConcreteBooleanIndexError,  # x[x < 0], x.at[x < 0].set(0): an index whose size is the data's
 )
 
 _WHY = (
@@ -155,8 +156,12 @@ _WHAT = {
     jax.errors.TracerArrayConversionError: "handed an array to NumPy (np.asarray, a NumPy function, .tolist())",
     jax.errors.ConcretizationTypeError: "read the concrete value of an array (float(), .item(), or an array "
     "value used as a shape, a size or a static argument)",
+    jax.errors.NonConcreteBooleanIndexError: "indexed an array with a boolean mask (x[x < 0], x.at[x < 0].set(0)), "
+    "whose result's size depends on the values",
 }
 _FIX = {
+    jax.errors.NonConcreteBooleanIndexError: "use jnp.where(mask, value, x) in place of the masked update (R's "
+    "x[x < 0] <- 0 is jnp.where(x < 0, 0, x))",
     jax.errors.TracerArrayConversionError: "use jax.numpy instead of NumPy, or make it host code with "
     "host=True (autograd_function(..., host=True), or host = True on a jaxfn.Function), which runs NumPy "
     "forward and backward through jax.pure_callback",

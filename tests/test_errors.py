@@ -512,3 +512,50 @@ def test_gradcheck_given_pytorchs_tuple_of_inputs_says_to_unpack_them():
         r"'mul': .*missing a required argument: 'b'.*gradcheck takes the arguments unpacked",
         lambda: jaxfn.gradcheck(mul, (W, W)),
     )
+
+
+def test_a_boolean_mask_under_jit_is_named_with_the_jnp_where_fix():
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g.at[x < 0].set(0)  # R's grad_input[input < 0] <- 0
+
+    relu = jaxfn.autograd_function(
+        lambda ctx, x: (ctx.save_for_backward(x), jnp.maximum(x, 0))[1], backward, name="my_relu"
+    )
+    _raises(
+        TypeError,
+        r"'my_relu': backward indexed an array with a boolean mask.*jnp.where",
+        lambda: jax.jit(jax.grad(lambda x: relu(x).sum()))(W),
+    )
+
+
+def test_saved_values_and_flags_are_read_only_by_item_too_and_a_second_save_is_named():
+    def backward(ctx, g):
+        ctx.saved_variables["x"] = 0
+        return g
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x=x)
+        return x * 2.0
+
+    f = jaxfn.autograd_function(forward, backward, name="double")
+    _raises(TypeError, r"'double': ctx.saved_variables is read-only", lambda: jax.grad(lambda x: f(x).sum())(W))
+
+    def flags(ctx, g):
+        ctx.needs_input_grad[0] = False
+        return g
+
+    g = jaxfn.autograd_function(forward, flags, name="double")
+    _raises(TypeError, r"'double': ctx.needs_input_grad is read-only", lambda: jax.grad(lambda x: g(x).sum())(W))
+
+    def saving_twice(ctx, x, w):
+        ctx.save_for_backward(input=x)
+        ctx.save_for_backward(weight=w)
+        return x * w
+
+    h = jaxfn.autograd_function(saving_twice, lambda ctx, g: (g * ctx.saved_variables.input, None), name="linear")
+    _raises(
+        AttributeError,
+        r"'input' was saved by an earlier ctx.save_for_backward call.*in one call",
+        lambda: jax.grad(lambda w: h(W, w).sum())(W),
+    )
