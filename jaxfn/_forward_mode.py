@@ -92,6 +92,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         by_id = {id(a): n for a, n in zip(saved, named)}  # an array saved for both is kept once
         view = [by_id.get(id(a), a) for a in view]
         avals = _arguments.shape_dtypes(primals)
+        varying = _rule.varying_per_array(primals)
         names = [args.paths[args.array_positions[i]] for i in wanted]
 
         def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
@@ -101,7 +102,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
                 if ct is not None:
                     per_output[i] = ct
             backward_ctx = Context.from_residuals(list(residuals[: len(named)]), remainder)
-            cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed)
+            cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed, varying)
             return [cts[i] for i in wanted]
 
         def user_jvp(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:

@@ -44,14 +44,16 @@ def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., A
         if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
             out, (saved,) = _rule.outputs_again(again, out, saved)
         saved = _saves.named(definition.name, saved, remainder, arrays)
-        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed))
+        varying = _rule.varying_per_array(arrays)
+        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying))
         return out, info, (saved, token)
 
     def backward(residuals: Any, cotangents: Any) -> tuple[list[Any], list[Any]]:
         saved, token = residuals
-        remainder, info, avals, perturbed = traces[token]
+        remainder, info, avals, perturbed, varying = traces[token]
         ctx = Context.from_residuals(saved, remainder)
-        return _rule.run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed)), avals
+        cts = _rule.run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed), varying)
+        return cts, avals
 
     return forward, backward
 

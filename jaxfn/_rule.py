@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _anomaly, _arguments, _context, _gradients, _outputs
+from . import _anomaly, _arguments, _context, _gradients, _jax_private, _outputs
 from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
@@ -265,9 +265,11 @@ def run_backward(
     cotangents: list[Any],
     avals: list[Any],
     wanted: list[bool],
+    varying: tuple[frozenset[str], ...] | None = None,
 ) -> list[Any]:
     """Call the user's backward on one cotangent per array output; one cotangent (or None) per
-    array input, checked against that input. ``wanted[i]``: whether JAX differentiates input i."""
+    array input, checked against that input. ``wanted[i]``: whether JAX differentiates input i;
+    ``varying`` (inside ``jax.shard_map``): the mesh axes each input varies over (``varying_per_array``)."""
     grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads)
     check_backward_accepts(definition, ctx, grad_outputs)
     if definition.once_differentiable:
@@ -280,9 +282,34 @@ def run_backward(
         definition.name, args, returned, definition.keyword_only, _context.needs_by_name(ctx)
     )
     cotangents = _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
+    if varying:
+        _check_varying(definition.name, args, cotangents, varying)
     if _anomaly.enabled():
         _anomaly.check(definition.name, "backward", list(zip(_array_paths(args), cotangents)))
     return cotangents
+
+
+def varying_per_array(arrays: Any) -> tuple[frozenset[str], ...] | None:
+    """Inside ``jax.shard_map``, the mesh axes each array varies over, for ``run_backward``; else None."""
+    return tuple(map(varying_axes, arrays)) if _jax_private.inside_shard_map() else None
+
+
+def _check_varying(name: str, args: Arguments, cotangents: list[Any], varying: tuple[frozenset[str], ...]) -> None:
+    """Inside ``jax.shard_map`` a gradient must vary over the mesh axes its input varies over: one
+    that does not was summed over devices already (a ``lax.psum`` in backward), which JAX refuses
+    with its own words (jaxfn's sum over devices would count it once per device)."""
+    for path, cotangent, axes in zip(_array_paths(args), cotangents, varying):
+        missing = axes - varying_axes(cotangent) if cotangent is not None else frozenset()
+        if missing:
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"inside jax.shard_map, '{path}' varies over the mesh axes {sorted(axes)}, but backward returned a "
+                f"gradient for it that does not vary over {sorted(missing)} (summed over devices already, with "
+                "lax.psum, or computed from replicated values alone); backward returns each device's share, and "
+                "JAX sums a replicated input's over devices: drop the psum, or make the share vary "
+                "(jax.lax.pcast(g, axes, to='varying'))",
+            )
 
 
 def _array_paths(args: Arguments) -> list[str]:

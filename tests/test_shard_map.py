@@ -135,6 +135,18 @@ EVERY_BUILDER = textwrap.dedent(
     sh = lambda f: jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d"))
     want = jax.jvp(sh(plain_center), (xs,), (xs * xs,))[1]
     close(jax.jit(lambda x: jax.jvp(sh(center), (x,), (x * x,))[1])(xs), want)
+
+    def summing_backward(ctx, g):  # sums the replicated parameter's gradient itself: refused, named
+        return g, jax.lax.psum(g.sum(0), "d")
+
+    for options in ({}, {"forward_mode": True}, {"vmap": vmap_rule}):
+        f = jaxfn.autograd_function(lambda ctx, x, b: x + b, summing_backward, name="summed", **options)
+        try:
+            jax.jit(jax.grad(lambda b, f=f: shard(f)(xs, b).sum()))(b)
+        except jaxfn.AutogradFunctionError as err:
+            assert "'summed': inside jax.shard_map, 'b' varies over the mesh axes ['d']" in str(err), err
+        else:
+            raise AssertionError("a psum of a replicated parameter's gradient in backward was accepted")
     print("OK")
     """
 )
