@@ -178,7 +178,7 @@ class _Run:
             try:
                 theirs = self.original_call([self.tensor(a) for a in self.given])
             except TypeError as err:  # the arguments it takes differ from the port's: said as such
-                if _takes(self.function.forward, len(self.given), self.kwargs):
+                if _takes(self.torch, self.function, len(self.given), self.kwargs):
                     raise  # the original's own error
                 raise error(
                     AutogradFunctionTypeError,
@@ -353,20 +353,19 @@ class _Run:
             report.rows.append(Row(check, where, index, a[index].item(), b[index].item()))
 
 
-def _takes(forward: Any, count: int, kwargs: dict[str, Any]) -> bool:
-    """Whether a PyTorch forward's signature takes a call's arguments (after ctx, or alone with
-    setup_context)."""
+def _takes(torch: Any, function: Any, count: int, kwargs: dict[str, Any]) -> bool:
+    """Whether a PyTorch Function's forward takes a call's arguments: after ctx, or alone where
+    the Function has setup_context (PyTorch 2's form)."""
     try:
-        signature = inspect.signature(forward)
+        signature = inspect.signature(function.forward)
     except (TypeError, ValueError):
         return True
-    for first in ((None,), ()):
-        try:
-            signature.bind(*first, *[None] * count, **kwargs)
-            return True
-        except TypeError:
-            pass
-    return False
+    first = () if function.setup_context is not torch.autograd.Function.setup_context else (None,)
+    try:
+        signature.bind(*first, *[None] * count, **kwargs)
+    except TypeError:
+        return False
+    return True
 
 
 def _narrowed(ours: np.dtype, theirs: np.dtype) -> bool:

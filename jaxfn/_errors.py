@@ -160,8 +160,8 @@ _WHAT = {
     "whose result's size depends on the values",
 }
 _FIX = {
-    jax.errors.NonConcreteBooleanIndexError: "use jnp.where(mask, value, x) in place of the masked update (R's "
-    "x[x < 0] <- 0 is jnp.where(x < 0, 0, x))",
+    jax.errors.NonConcreteBooleanIndexError: "use jnp.where in place of the mask: a masked update (R's "
+    "x[x < 0] <- 0) is jnp.where(x < 0, 0, x), a masked read (x[x > 0].sum()) is jnp.where(x > 0, x, 0).sum()",
     jax.errors.TracerArrayConversionError: "use jax.numpy instead of NumPy, or make it host code with "
     "host=True (autograd_function(..., host=True), or host = True on a jaxfn.Function), which runs NumPy "
     "forward and backward through jax.pure_callback",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import threading
 from typing import Any
 
@@ -67,7 +68,14 @@ class _Probe:
         callback always depends on forward's: under ``jit(grad)`` JAX would otherwise drop a forward
         whose outputs are unused, and backward would read the probe's saves (and miss its errors)."""
         specs = tuple(s for s in map(_host_values.carried_spec, self.carries) if s is not None)
-        return specs or (_RECEIPT,)  # a save that carries data already makes backward depend on forward
+        return (*specs, _RECEIPT) if self.needs_receipt else specs
+
+    @functools.cached_property
+    def needs_receipt(self) -> bool:
+        """Whether no save carries data (none, or only zero-size arrays, which XLA may drop) to make
+        backward's callback depend on forward's."""
+        specs = [s for s in map(_host_values.carried_spec, self.carries) if s is not None]
+        return not any(math.prod(s.shape) for s in specs)
 
 
 _RECEIPT = jax.ShapeDtypeStruct((), np.uint8)
@@ -246,7 +254,7 @@ def _host_forward(definition: _rule.Definition, args: Arguments, probe: _Probe, 
             raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="save"))
         for leaf, carry in zip(leaves, probe.carries):
             results.extend(_host_values.send(name, leaf, carry))
-        if len(results) == len(probe.info.avals):  # nothing saved carries data: the receipt (_Probe.carried)
+        if probe.needs_receipt:  # nothing saved carries data: the receipt (_Probe.carried)
             results.append(np.zeros((), np.uint8))
     return tuple(results)
 

@@ -320,9 +320,13 @@ def aval_of(struct: Any) -> Any:
 
 
 def batched_aval(aval: Any, size: int) -> Any:
-    """``aval`` with a leading batch axis of ``size``, its weak type, sharding and varying axes kept
-    (``ShapedArray.update``, jax 0.10-0.12)."""
-    return aval.update(shape=(size, *aval.shape))
+    """``aval`` with a leading batch axis of ``size`` and its weak type; inside ``jax.shard_map``
+    its varying axes kept too (``ShapedArray.update``, jax 0.10-0.12). Elsewhere its sharding is
+    not kept: on an Explicit mesh it would declare the new batch axis replicated."""
+    shape = (size, *aval.shape)
+    if inside_shard_map():
+        return aval.update(shape=shape)
+    return SHAPED_ARRAY(shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
 
 
 def inside_shard_map() -> bool:

@@ -304,8 +304,9 @@ def _check_varying(name: str, args: Arguments, cotangents: list[Any], varying: t
             raise error(
                 AutogradFunctionTypeError,
                 name,
-                f"inside jax.shard_map, '{path}' varies over the mesh axes {sorted(axes)}, but backward returned a "
-                f"gradient for it that does not vary over {sorted(missing)} (summed over devices already, with "
+                f"inside jax.shard_map, '{path}' is used with values varying over the mesh axes {sorted(axes)} (a "
+                "replicated input is cast to vary with them), but backward returned a gradient for it that does not "
+                f"vary over {sorted(missing)} (summed over devices already, with "
                 "lax.psum, or computed from replicated values alone); backward returns each device's share, and "
                 "JAX sums a replicated input's over devices: drop the psum, or make the share vary "
                 "(jax.lax.pcast(g, axes, to='varying'))",

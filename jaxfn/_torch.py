@@ -259,6 +259,15 @@ class _Original:
             ]
             out = self.function.apply(*duals, **{k: self.tensor(v) for k, v in kwargs.items()})
             leaves, treedef = jax.tree_util.tree_flatten(out)
+            for index, leaf in enumerate(leaves):  # a tangent PyTorch can't carry: refused, not taken as zero
+                if isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.inexact):
+                    raise error(
+                        AutogradFunctionTypeError,
+                        self.name,
+                        f"forward mode reaches output {index}, which its PyTorch forward returned as a NumPy array "
+                        f"(dtype {leaf.dtype}), not a torch.Tensor, so PyTorch's forward-mode AD gives it no tangent; "
+                        "return a tensor (torch.from_numpy(...)), or don't differentiate through it",
+                    )
             tangents_out = [
                 self.array(dual.unpack_dual(leaf).tangent) if isinstance(leaf, torch.Tensor) else None
                 for leaf in leaves

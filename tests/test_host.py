@@ -642,3 +642,17 @@ def test_under_jit_grad_a_host_forward_runs_even_when_its_output_is_unused():
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"HostFailure: domain error in forward"):
         jax.jit(jax.grad(lambda x: g(x).sum()))(x)
     np.testing.assert_array_equal(jax.jit(jax.grad(lambda x: g(x).sum()))(jnp.ones(3) * 0.5), [2.0, 2.0, 2.0])
+
+
+def test_under_jit_grad_a_host_forward_saving_only_zero_size_arrays_still_runs():
+    def forward(ctx, x):
+        if (x < 0).any():
+            raise HostFailure("forward refuses negative input")
+        ctx.save_for_backward(e=np.zeros((0,), np.float32))  # carries no data: XLA could drop it
+        return np.sin(x)
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: g * 2.0, name="h", host=True)
+    grad = jax.jit(jax.grad(lambda x: f(x).sum()))
+    np.testing.assert_array_equal(grad(jnp.ones(4)), [2.0] * 4)
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=r"HostFailure: forward refuses negative"):
+        grad(-jnp.ones(4))  # (JAX raises it as a ValueError here on jax 0.10)

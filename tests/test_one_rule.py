@@ -611,3 +611,21 @@ def test_an_integer_output_a_vmap_rule_returns_unbatched_has_no_tangent():
     (_, index), (_, tangent) = jax.jvp(lambda w: jax.vmap(f, in_axes=(0, None))(xb, w), (w,), (jnp.ones(3),))
     assert int(index[0]) == 1 and tangent.dtype == jax.dtypes.float0
     _close(jax.grad(lambda w: jax.vmap(f, in_axes=(0, None))(xb, w)[0].sum())(w), xb.sum(0))
+
+
+def test_a_batched_aval_outside_shard_map_moves_no_mesh_axis_onto_the_batch_axis():
+    """On an Explicit mesh an input sharded over 'd' on its first axis must not declare the new
+    batch axis sharded (a vmap of a forward-mode rule then refused consistent inputs)."""
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("d",), axis_types=(AxisType.Explicit,))
+    seen = []
+
+    def inside(x):
+        seen.append(_jax_private.batched_aval(jax.typeof(x), 5))
+        return x
+
+    with jax.set_mesh(mesh):
+        jax.jit(inside)(jax.device_put(jnp.ones((2, 3)), P("d")))
+    assert seen[0].shape == (5, 2, 3) and seen[0].sharding.spec[0] is None

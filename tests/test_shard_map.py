@@ -144,7 +144,9 @@ EVERY_BUILDER = textwrap.dedent(
         try:
             jax.jit(jax.grad(lambda b, f=f: shard(f)(xs, b).sum()))(b)
         except jaxfn.AutogradFunctionError as err:
-            assert "'summed': inside jax.shard_map, 'b' varies over the mesh axes ['d']" in str(err), err
+            assert "'summed': inside jax.shard_map, 'b' is used with values varying over the mesh axes ['d']" in str(
+                err
+            ), err
         else:
             raise AssertionError("a psum of a replicated parameter's gradient in backward was accepted")
     print("OK")

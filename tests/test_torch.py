@@ -664,3 +664,35 @@ def test_a_numpy_output_beside_tensors_is_fine_where_no_gradient_reaches_it_and_
         jaxfn.compare(port, Broken, np.ones(3))
     assert not isinstance(info.value, jaxfn.AutogradFunctionError)
     assert jaxfn.compare(port, Sine, np.ones(3), atol=jnp.float32(1e-4))  # a JAX scalar tolerance
+
+
+def test_forward_mode_through_a_numpy_output_is_refused_and_compare_names_an_arity_mismatch():
+    class Pair(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2, (x * 3).detach().numpy()
+
+        @staticmethod
+        def backward(ctx, g, g2):
+            return g * 2
+
+        @staticmethod
+        def jvp(ctx, t):
+            return t * 2, None
+
+    f = jaxfn.from_torch(Pair)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'Pair': forward mode reaches output 1, which its PyTorch"):
+        jax.jvp(f, (jnp.ones(3),), (jnp.ones(3),))
+
+    class One(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    two = jaxfn.autograd_function(lambda ctx, x, y: x * y, lambda ctx, g: (g, g), name="two")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'One': jaxfn.compare calls the port and the original"):
+        jaxfn.compare(two, One, np.ones(3), np.ones(3))
