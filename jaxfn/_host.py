@@ -67,15 +67,17 @@ class _Probe:
         none carries data (``None``, an empty list), a receipt (a scalar), so that backward's
         callback always depends on forward's: under ``jit(grad)`` JAX would otherwise drop a forward
         whose outputs are unused, and backward would read the probe's saves (and miss its errors)."""
-        specs = tuple(s for s in map(_host_values.carried_spec, self.carries) if s is not None)
-        return (*specs, _RECEIPT) if self.needs_receipt else specs
+        return (*self._saved_specs, _RECEIPT) if self.needs_receipt else self._saved_specs
+
+    @functools.cached_property
+    def _saved_specs(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+        return tuple(s for s in map(_host_values.carried_spec, self.carries) if s is not None)
 
     @functools.cached_property
     def needs_receipt(self) -> bool:
         """Whether no save carries data (none, or only zero-size arrays, which XLA may drop) to make
         backward's callback depend on forward's."""
-        specs = [s for s in map(_host_values.carried_spec, self.carries) if s is not None]
-        return not any(math.prod(s.shape) for s in specs)
+        return not any(math.prod(s.shape) for s in self._saved_specs)
 
 
 _RECEIPT = jax.ShapeDtypeStruct((), np.uint8)
@@ -255,7 +257,7 @@ def _host_forward(definition: _rule.Definition, args: Arguments, probe: _Probe, 
         for leaf, carry in zip(leaves, probe.carries):
             results.extend(_host_values.send(name, leaf, carry))
         if probe.needs_receipt:  # nothing saved carries data: the receipt (_Probe.carried)
-            results.append(np.zeros((), np.uint8))
+            results.append(np.zeros(_RECEIPT.shape, _RECEIPT.dtype))
     return tuple(results)
 
 

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _rule
 from ._arguments import DIFF, dtype_kind
 from ._jax_private import HI_PRIMITIVE, HI_ZERO, SHAPED_ARRAY, batched_aval, is_gradient_accumulator
 
@@ -55,18 +56,6 @@ def zeros(aval: Any) -> Any:
 
 def _instantiate(values: Any, avals: Any) -> tuple[Any, ...]:
     return tuple(zeros(a) if isinstance(v, HI_ZERO) else v for v, a in zip(values, avals))
-
-
-def of_chosen(function: Callable[..., Any], arrays: Any, which: list[int]) -> Callable[..., Any]:
-    """``function(*arrays)`` as a function of the arrays at positions ``which`` alone, the others fixed."""
-
-    def on(*chosen: Any) -> Any:
-        merged = list(arrays)
-        for i, value in zip(which, chosen):
-            merged[i] = value
-        return function(*merged)
-
-    return on
 
 
 class Name:
@@ -109,7 +98,7 @@ class _Linear(HI_PRIMITIVE):
         out_tangents = self(residuals, _instantiate(d_ts, self.in_avals[1]))
         moved = [i for i, d in enumerate(d_residuals) if not isinstance(d, HI_ZERO)]
         if moved:  # the map is not linear in its residuals: their tangents go through its operations
-            on = of_chosen(self._on_residuals(ts), residuals, moved)
+            on = _rule.of_chosen(self._on_residuals(ts), residuals, moved)
             chosen = tuple(residuals[i] for i in moved)
             extra = jax.jvp(on, chosen, tuple(d_residuals[i] for i in moved))[1]
             out_tangents = tuple(a + b for a, b in zip(out_tangents, extra))
@@ -139,7 +128,7 @@ class _Linear(HI_PRIMITIVE):
         which = [i for i, a in enumerate(self.in_avals[0]) if jnp.issubdtype(a.dtype, jnp.inexact)]
         res_grads = [zeros(a) for a in self.in_avals[0]]
         if which and any(c is not None for c in cts):
-            on = of_chosen(self._on_residuals(ts), residuals, which)
+            on = _rule.of_chosen(self._on_residuals(ts), residuals, which)
             _, pullback = jax.vjp(on, *[residuals[i] for i in which])
             for i, g in zip(which, pullback(_instantiate(cotangents, self.out_aval))):
                 res_grads[i] = g

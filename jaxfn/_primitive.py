@@ -99,9 +99,7 @@ class _Primitive(_BASE):
         return tuple(self.rules.primal(*arrays))
 
     def vjp_fwd(self, perturbed: Any, *arrays: Any) -> tuple[Any, Any]:
-        again = None  # on an outer trace's tracers: the outputs (and saved outputs) are this primitive again
-        if any(isinstance(a, Tracer) for a in arrays):
-            again = lambda out: tuple(self(*arrays))
+        again = self._again_on(arrays)
         out, residuals = self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays, again=again)
         return tuple(out), residuals
 
@@ -122,18 +120,16 @@ class _Primitive(_BASE):
             full: list[Any] = [None] * len(residuals)
             for i, t in zip(which, given):
                 full[i] = t
-            # saved outputs the jvp rule reads, as an outer differentiation must see them: this primitive again
-            again = (lambda out: tuple(self(*residuals))) if any(isinstance(r, Tracer) for r in residuals) else None
-            return list(rules.jvp(perturbed, residuals, full, again=again)[1])
+            # saved outputs the jvp rule reads, as an outer differentiation must see them
+            return list(rules.jvp(perturbed, residuals, full, again=self._again_on(residuals))[1])
 
         def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
             cts: list[Any] = [SymbolicZero(None)] * len(self.out_aval)  # type: ignore[arg-type]
             for i, ct in zip(outs, cotangents):
                 if ct is not None:
                     cts[i] = ct
-            # saved outputs as an outer differentiation must see them: this primitive again
-            again = (lambda out: tuple(self(*residuals))) if any(isinstance(r, Tracer) for r in residuals) else None
-            grads = rules.bwd(rules.fwd(perturbed, *residuals, again=again)[1], cts)
+            # saved outputs as an outer differentiation must see them
+            grads = rules.bwd(rules.fwd(perturbed, *residuals, again=self._again_on(residuals))[1], cts)
             return [grads[i] for i in which]
 
         given = tuple(tangents[i] for i in which)
@@ -187,6 +183,13 @@ class _Primitive(_BASE):
 
         tied = _tie.tie(rules_batched, front, at_front)
         return tied, tuple(None if d is None else 0 for d in out_dims)
+
+    def _again_on(self, arrays: Any) -> Callable[[Any], tuple[Any, ...]] | None:
+        """A rule's ``again`` for these arrays: on an outer trace's tracers, the outputs (and saved
+        outputs) an outer differentiation sees are this primitive applied again; else None."""
+        if any(isinstance(a, Tracer) for a in arrays):
+            return lambda out: tuple(self(*arrays))
+        return None
 
     def _again(self, arrays: Any, out: Any) -> tuple[Any, ...]:
         """The output: the rule's own, or, on an outer trace's tracers, this primitive again."""
@@ -345,7 +348,7 @@ def _through_jvp(derived: Callable[..., Any], info: Outputs) -> Callable[..., An
             leaves = jax.tree_util.tree_flatten(derived(*arrays), is_leaf=lambda x: x is None)[0]
             return tuple(leaf for leaf, is_array in zip(leaves, info.is_array) if is_array)
 
-        on = _linear.of_chosen(arrays_out, primals, which)
+        on = _rule.of_chosen(arrays_out, primals, which)
         out, out_tangents = jax.jvp(on, tuple(primals[i] for i in which), tuple(tangents[i] for i in which))
         return out, [t for t, d in zip(out_tangents, info.differentiable) if d]
 

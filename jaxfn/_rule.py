@@ -181,6 +181,18 @@ def vary_together(args: Arguments, arrays: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(varying(a, every) if flag else a for a, flag in zip(arrays, cast))
 
 
+def of_chosen(function: Callable[..., Any], arrays: Any, which: list[int]) -> Callable[..., Any]:
+    """``function(*arrays)`` as a function of the arrays at positions ``which`` alone, the others fixed."""
+
+    def on(*chosen: Any) -> Any:
+        merged = list(arrays)
+        for i, value in zip(which, chosen):
+            merged[i] = value
+        return function(*merged)
+
+    return on
+
+
 def zeros_like(array: Any) -> Any:
     """Zeros of ``array``'s shape and dtype, varying over the same manual axes (in ``shard_map``)."""
     array = array if hasattr(array, "dtype") else jnp.asarray(array)
@@ -397,16 +409,25 @@ def call_user(name: str, role: str, function: Callable[..., Any], arguments: tup
     try:
         return function(*arguments)
     except TypeError:
-        try:
-            signature = inspect.signature(function)
-            signature.bind(*arguments)
-        except TypeError:
-            raise error(
-                AutogradFunctionTypeError, name, f"{role} must take {takes}, but its signature is {signature}"
-            ) from None
-        except ValueError:  # no signature to read (a builtin): the error is the rule's own
-            pass
-        raise
+        signature = _refusing_signature(function, arguments)
+        if signature is None:  # the rule's own TypeError, or no signature to read (a builtin)
+            raise
+        raise error(
+            AutogradFunctionTypeError, name, f"{role} must take {takes}, but its signature is {signature}"
+        ) from None
+
+
+def _refusing_signature(function: Callable[..., Any], arguments: tuple[Any, ...]) -> inspect.Signature | None:
+    """``function``'s signature where it can't take ``arguments``; None where it can, or has none."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*arguments)
+    except TypeError:
+        return signature
+    return None
 
 
 def jvp_takes(args: Arguments) -> str:

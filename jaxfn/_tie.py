@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir  # batching: not_mapped is None there
 
+from . import _rule
+
 _tie_p = Primitive("jaxfn_tie")
 _tie_p.multiple_results = True
 
@@ -39,12 +41,7 @@ def _jvp(primals: Any, tangents: Any, *, count: int, rule: Any) -> tuple[list[An
     if not which:  # needs_input_grad sees exactly what is differentiated
         return list(tie(rule, arrays, out)), [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in out]
 
-    def on(*chosen: Any) -> tuple[Any, ...]:
-        merged = list(arrays)
-        for i, value in zip(which, chosen):
-            merged[i] = value
-        return tuple(rule(*merged))
-
+    on = _rule.of_chosen(lambda *merged: tuple(rule(*merged)), arrays, which)
     _, out_tangents = jax.jvp(on, tuple(arrays[i] for i in which), tuple(tangents[i] for i in which))
     # the tie's own value (the rule's could differ: a user's vmap rule is its value), tied again, so a
     # differentiation further out meets the rule again and every order goes through backward

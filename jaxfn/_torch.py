@@ -217,13 +217,9 @@ class _Original:
         if len(flat) != len(call.outputs):  # None leaves vanish: pair them by position instead
             flat = list(_flatten_with_none(grad_outputs))
         for index, (o, g) in enumerate(zip(call.outputs, flat)):  # a gradient PyTorch can't carry: refused
-            if g is not None and isinstance(o, np.ndarray) and np.issubdtype(o.dtype, np.inexact):
-                raise error(
-                    AutogradFunctionTypeError,
-                    self.name,
-                    f"a gradient reaches output {index}, which its PyTorch forward returned as a NumPy array (dtype "
-                    f"{o.dtype}), not a torch.Tensor, so PyTorch's autograd can't differentiate it and the gradient "
-                    "would be lost; return a tensor (torch.from_numpy(...)), or don't differentiate through it",
+            if g is not None:
+                self.refuse_numpy_output(
+                    index, o, "a gradient reaches", "autograd can't differentiate it and the gradient would be lost"
                 )
         # PyTorch's complex gradients are the conjugates of JAX's (its backward takes and gives
         # conj(cotangent)): conjugated in and out, so the pullback is JAX's
@@ -246,6 +242,18 @@ class _Original:
         ]
         return tuple(returned)
 
+    def refuse_numpy_output(self, index: int, output: Any, what: str, why: str) -> None:
+        """A float NumPy array the Function returned, where a derivative reaches it: PyTorch gives it
+        none, so it would be lost (zero); refused, naming the output."""
+        if isinstance(output, np.ndarray) and np.issubdtype(output.dtype, np.inexact):
+            raise error(
+                AutogradFunctionTypeError,
+                self.name,
+                f"{what} output {index}, which its PyTorch forward returned as a NumPy array (dtype {output.dtype}), "
+                f"not a torch.Tensor, so PyTorch's {why}; return a tensor (torch.from_numpy(...)), or don't "
+                "differentiate through it",
+            )
+
     def jvp(self, ctx: Any, *tangents: Any) -> Any:
         torch = self.torch
         call: _Call = ctx.torch_call
@@ -260,14 +268,7 @@ class _Original:
             out = self.function.apply(*duals, **{k: self.tensor(v) for k, v in kwargs.items()})
             leaves, treedef = jax.tree_util.tree_flatten(out)
             for index, leaf in enumerate(leaves):  # a tangent PyTorch can't carry: refused, not taken as zero
-                if isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.inexact):
-                    raise error(
-                        AutogradFunctionTypeError,
-                        self.name,
-                        f"forward mode reaches output {index}, which its PyTorch forward returned as a NumPy array "
-                        f"(dtype {leaf.dtype}), not a torch.Tensor, so PyTorch's forward-mode AD gives it no tangent; "
-                        "return a tensor (torch.from_numpy(...)), or don't differentiate through it",
-                    )
+                self.refuse_numpy_output(index, leaf, "forward mode reaches", "forward-mode AD gives it no tangent")
             tangents_out = [
                 self.array(dual.unpack_dual(leaf).tangent) if isinstance(leaf, torch.Tensor) else None
                 for leaf in leaves
