@@ -191,6 +191,17 @@ class Arguments(Split):
             values[name] = value if index is None else (*values.get(name, ()), value)
         return values
 
+    def per_array_from_slots(self, per_slot: Any) -> list[Any]:
+        """One value per slot, each in its argument's structure (a jvp's tangents), as one value per
+        array (the inverse of ``by_slot(parameters(...))``): read through the arguments' structure,
+        so a ``None`` argument (a node with no leaf) never shifts the values after it."""
+        slots = self.from_slots(per_slot)
+        by_name = tuple(slots.get(n, () if n == self.varargs else None) for n in self.names)
+        by_leaf: list[Any] = []
+        for child, value in zip(self.treedef.children(), by_name):
+            by_leaf += [None] * child.num_leaves if value is None else child.flatten_up_to(value)
+        return [by_leaf[p] for p in self.array_positions]
+
     def replacing(self, leaves: dict[int, Any], implicit: dict[str, Any] | None = None) -> Arguments:
         """The same call with some leaves (by index) replaced, and ``implicit`` values added as
         parameters after the others, split again (a replacement may be a pytree node whose leaves

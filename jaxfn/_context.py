@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -468,12 +468,15 @@ class Context:
         self._state.inputs = ()
 
     # -- crossing from forward to backward -------------------------------------------------
-    def to_residuals(self) -> tuple[list[Any], Remainder]:
-        """What the context holds, split into JAX arrays (residuals) and a static remainder."""
+    def to_residuals(self, crosses: Callable[[Any], bool] = lambda leaf: isinstance(leaf, jax.Array)) -> tuple[
+        list[Any], Remainder
+    ]:
+        """What the context holds, split into the values that cross as residuals (JAX arrays; for a
+        host forward, every value) and a static remainder; each residual named (``save_names``)."""
         state = self._state
         names = (tuple(state.named), tuple(self._attrs))  # in the user's order (JAX sorts dicts)
         held = (state.positional, tuple(state.named.values()), tuple(self._attrs.values()))
-        arrays, parts, paths = split_with_paths(held, lambda leaf: isinstance(leaf, jax.Array))
+        arrays, parts, paths = split_with_paths(held, crosses)
         for path, leaf in zip(paths, parts.statics):
             if leaf is not None and _tracers.holds_tracer(leaf):
                 raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _rule
+from . import _outputs, _rule, _split
 from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, error
@@ -134,10 +134,10 @@ def _steps(x: np.ndarray) -> np.ndarray:
 
 
 def _run(user: _rule.Definition, args: Arguments, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
-    """Forward's output leaves at ``arrays`` (a fresh context, as for a call), and their structure."""
+    """Forward's output leaves at ``arrays`` (a fresh context, as for a call), and the output with
+    its leaves as they are (its structure: None in it is a node with no leaf)."""
     _, out, _ = _rule.forward_with_context(user, args, arrays, [False] * len(arrays))
-    leaves, treedef = jax.tree_util.tree_flatten(out)
-    return [np.array(leaf) for leaf in leaves], treedef  # copies: a forward may return its input
+    return [np.array(leaf) for leaf in jax.tree_util.tree_leaves(out)], out  # copies: a forward may return its input
 
 
 def _backward(user: _rule.Definition, ctx: Context, grad_outputs: tuple[Any, ...]) -> dict[str, Any]:
@@ -146,15 +146,37 @@ def _backward(user: _rule.Definition, ctx: Context, grad_outputs: tuple[Any, ...
     given, named = getattr(ctx, SAVED)
     args = user.bind(given, named)
     arrays = [np.asarray(a) for a in args.arrays]
-    given_cotangents = jax.tree_util.tree_leaves(list(grad_outputs), is_leaf=lambda g: g is None)
-    cotangents = [None if g is None else np.asarray(g, np.float64) for g in given_cotangents]
+    read = _Cotangents(user.name, grad_outputs)
     wanted = _wanted(args, tuple(ctx.needs_input_grad))
-    grads = [_gradient(user, args, arrays, k, cotangents) if w else None for k, w in enumerate(wanted)]
+    grads = [_gradient(user, args, arrays, k, read) if w else None for k, w in enumerate(wanted)]
     return dict(zip(args.names, args.parameters(grads)))
 
 
+class _Cotangents:
+    """backward's grad_outputs as one cotangent per output leaf (float64; None where none flows),
+    read through the structure of the first perturbed run's output, as the rule reads a jvp's
+    tangents (``_outputs.per_leaf``); every later run must return that structure."""
+
+    def __init__(self, name: str, grad_outputs: tuple[Any, ...]):
+        self.name, self.grad_outputs = name, grad_outputs
+        self.treedef: Any = None
+        self.leaves: list[Any] = []
+
+    def __call__(self, out: Any) -> list[Any]:
+        treedef = jax.tree_util.tree_structure(out)
+        if self.treedef is None:
+            _, structure = _split.split(out, lambda leaf: True)
+            sequence = isinstance(out, (tuple, list))  # one grad_output per element
+            given = self.grad_outputs if sequence else self.grad_outputs[0]
+            leaves = _outputs.per_leaf(self.name, structure, sequence, given, "backward", "grad_output")
+            self.treedef, self.leaves = treedef, [None if g is None else np.asarray(g, np.float64) for g in leaves]
+        elif treedef != self.treedef:
+            raise error(AutogradFunctionTypeError, self.name, _CHANGED)
+        return self.leaves
+
+
 def _gradient(
-    user: _rule.Definition, args: Arguments, arrays: list[np.ndarray], k: int, cotangents: list[Any]
+    user: _rule.Definition, args: Arguments, arrays: list[np.ndarray], k: int, read: _Cotangents
 ) -> np.ndarray:
     """The gradient for input ``k``: 2 runs of forward per element."""
     x = arrays[k]
@@ -168,8 +190,10 @@ def _gradient(
         for moved in (ups, downs):
             perturbed = x.copy()
             perturbed.flat[j] = moved.flat[j]
-            runs.append(_run(user, args, [perturbed if i == k else a for i, a in enumerate(arrays)])[0])
-        gradient[j] = _contract(user.name, cotangents, *runs) / widths.flat[j]
+            runs.append(_run(user, args, [perturbed if i == k else a for i, a in enumerate(arrays)]))
+        (up, up_out), (down, down_out) = runs
+        read(down_out)
+        gradient[j] = _contract(user.name, read(up_out), up, down) / widths.flat[j]
     return gradient.reshape(x.shape).astype(x.dtype)
 
 
@@ -212,7 +236,7 @@ def _jvp(user: _rule.Definition, ctx: Context, tangents: tuple[Any, ...]) -> Any
     for k, t in moved:
         x = arrays[k].astype(np.float64)
         ups[k], downs[k] = (x + step * t).astype(arrays[k].dtype), (x - step * t).astype(arrays[k].dtype)
-    (up, treedef), (down, _) = _run(user, args, ups), _run(user, args, downs)
+    (up, up_out), (down, _) = _run(user, args, ups), _run(user, args, downs)
     if len(up) != len(down) or any(u.shape != d.shape for u, d in zip(up, down)):
         raise error(AutogradFunctionTypeError, user.name, _CHANGED)
     out = [
@@ -221,7 +245,7 @@ def _jvp(user: _rule.Definition, ctx: Context, tangents: tuple[Any, ...]) -> Any
         else None
         for u, d in zip(up, down)
     ]
-    return jax.tree_util.tree_unflatten(treedef, out)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(up_out), out)
 
 
 def _step_along(arrays: list[np.ndarray], moved: list[tuple[int, np.ndarray]]) -> float:

@@ -46,7 +46,7 @@ from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import ClosedJaxpr, Var, jaxpr_as_fun
 
-from . import _arguments, _context, _jax_private, _linear, _rule, _saves, _tie
+from . import _arguments, _context, _jax_private, _linear, _outputs, _rule, _saves, _tie
 from ._arguments import DIFF, Arguments, dtype_kind
 from ._context import Context
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
@@ -308,12 +308,15 @@ def _all_tangents(info: Outputs, outs: list[int], out_tangents: Any) -> list[Any
     return tangents
 
 
-def tangents_by_slot(args: Arguments, primals: tuple[Any, ...], tangents: list[Any], materialize: bool) -> list[Any]:
+def tangents_by_slot(
+    args: Arguments, primals: tuple[Any, ...], tangents: list[Any], materialize: bool, xp: Any = jnp
+) -> list[Any]:
     """One tangent per argument (PyTorch's count: each ``*args`` element apart), in the argument's
     structure: the tangent of each float/complex leaf (zeros where JAX differentiates nothing, or
-    None with ``ctx.set_materialize_grads(False)``), None for every other leaf."""
+    None with ``ctx.set_materialize_grads(False)``), None for every other leaf. ``xp``: ``numpy``
+    for a host jvp."""
     per_array = [
-        (jnp.zeros(primal.shape, primal.dtype) if tangent is None and materialize else tangent)
+        (xp.zeros(primal.shape, primal.dtype) if tangent is None and materialize else tangent)
         if args.kinds[position] == DIFF
         else None
         for position, primal, tangent in zip(args.array_positions, primals, tangents)
@@ -321,16 +324,17 @@ def tangents_by_slot(args: Arguments, primals: tuple[Any, ...], tangents: list[A
     return args.by_slot(args.parameters(per_array))
 
 
-def out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
-    """The user's jvp result, one tangent per differentiable output array, checked."""
-    leaves = per_output_leaf(name, info, returned, "jvp", "tangent")
+def out_tangents(name: str, info: Outputs, returned: Any, xp: Any = jnp) -> list[Any]:
+    """The user's jvp result, one tangent per differentiable output array, checked and cast to
+    its output's dtype (``xp``: ``numpy`` for a host jvp)."""
+    leaves = _outputs.per_leaf(name, info, info.is_sequence, returned, "jvp", "tangent")
     tangents = []
     array_leaves = [leaf for leaf, is_array in zip(leaves, info.is_array) if is_array]
     for index, (tangent, aval, differentiable) in enumerate(zip(array_leaves, info.avals, info.differentiable)):
         if not differentiable:
             continue
         if tangent is None:
-            tangents.append(jnp.zeros(aval.shape, aval.dtype))
+            tangents.append(xp.zeros(aval.shape, aval.dtype))
             continue
         if not isinstance(tangent, (jax.Array, np.ndarray, np.generic, int, float, complex)):
             raise error(
@@ -349,41 +353,8 @@ def out_tangents(name: str, info: Outputs, returned: Any) -> list[Any]:
                 f"has shape {shape} where the output has {tuple(aval.shape)}; return a tangent shaped as forward's "
                 "output",
             )
-        tangents.append(jnp.asarray(tangent, aval.dtype))
+        tangents.append(xp.asarray(tangent, aval.dtype))
     return tangents
-
-
-def per_output_leaf(name: str, info: Outputs, returned: Any, role: str, what: str) -> list[Any]:
-    """``returned`` (one value per output, in forward's output structure; None for a whole
-    output) as one value per output leaf."""
-    if info.is_sequence:
-        children = info.treedef.children()
-        if not isinstance(returned, (tuple, list)) or len(returned) != len(children):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"forward returns {len(children)} outputs, so {role} must return a tuple of {len(children)} "
-                f"{what}s (None for an output without one), but it returned {type_name(returned)}"
-                + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""),
-            )
-        parts = zip(children, returned)
-    else:
-        parts = zip([info.treedef], [returned])
-    leaves: list[Any] = []
-    for index, (treedef, value) in enumerate(parts):
-        if value is None:
-            leaves.extend([None] * treedef.num_leaves)
-            continue
-        try:
-            leaves.extend(treedef.flatten_up_to(value))
-        except (TypeError, ValueError):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"{role}'s {what} for output {index} must have that output's structure ({treedef}), but it is "
-                f"{type_name(value)}; return {what}s in the structure forward returns",
-            ) from None
-    return leaves
 
 
 def check_dtype(name: str, who: str, value: Any, aval: Any) -> None:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _anomaly, _arguments, _context, _gradients, _host_values, _jax_private, _keys, _rule
+from . import _anomaly, _arguments, _context, _forward_mode, _host_values, _jax_private, _keys, _outputs, _rule
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context, Remainder
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
@@ -73,6 +73,12 @@ class _Probe:
     def _saved_specs(self) -> tuple[jax.ShapeDtypeStruct, ...]:
         return tuple(s for s in map(_host_values.carried_spec, self.carries) if s is not None)
 
+    @property
+    def save_names(self) -> tuple[str, ...]:
+        """One per carried value: the name the host forward saved it under, as the traced rule names
+        saves (``cosx``, ``0``, an attribute), then the receipt's."""
+        return (*self.remainder.save_names, "receipt") if self.needs_receipt else self.remainder.save_names
+
     @functools.cached_property
     def needs_receipt(self) -> bool:
         """Whether no save carries data (none, or only zero-size arrays, which XLA may drop) to make
@@ -106,16 +112,17 @@ class HostFunction:
 
     # -- the two calls -----------------------------------------------------------------------
     def eager(self, args: Arguments) -> Any:
-        """Forward's output for one call outside any trace: forward runs on NumPy arrays, and
+        """Forward's output for one call outside any trace: forward runs directly on NumPy arrays
+        (no probe: an output whose shape depends on the values is fine here, as in PyTorch), and
         whatever it raises propagates untouched."""
         arrays = _host_arrays(args.arrays)
         flags = (False,) * len(arrays)
-        _, out = _run_forward(self.definition, args, arrays, flags)
-        probe = self._probe(args, arrays, flags)
-        outputs = _check_outputs(self.definition.name, probe, out)
+        ctx, out = _run_forward(self.definition, args, arrays, flags)
+        info = _describe(self.definition.name, ctx, out, self.output, flags).info
+        outputs = _check_outputs(self.definition.name, info, out)
         if _anomaly.enabled():
-            _anomaly.outputs(self.definition.name, probe.info.rebuild(outputs))
-        return probe.info.rebuild([jnp.asarray(a) for a in outputs])
+            _anomaly.outputs(self.definition.name, info.rebuild(outputs))
+        return info.rebuild([jnp.asarray(a) for a in outputs])
 
     def outputs(self, args: Arguments) -> Outputs:
         """The description of a call's output (what ``_rule.primal`` returns for other functions),
@@ -143,7 +150,8 @@ class HostFunction:
                 specs = (*probe.info.avals, *probe.carried)
                 results = bind(name, self._call(probe, args, "forward"), specs, *arrays)
                 outs = results[: len(probe.info.avals)]
-                ctx.save_for_backward(*results[len(probe.info.avals) :])
+                # each saved value under the name the host forward gave it (hsin.cosx, hsin.0)
+                ctx.save_for_backward(**dict(zip(probe.save_names, results[len(probe.info.avals) :])))
             else:  # nothing is differentiated: nothing saved crosses
                 outs = bind(name, self._call(probe, args, "primal"), probe.info.avals, *arrays)
             ctx.jaxfn_host = _Call(probe, args, tuple(_arguments.shape_dtypes(arrays)))
@@ -156,20 +164,20 @@ class HostFunction:
         def backward(ctx: Context, *grad_outputs: Any) -> Any:
             call = ctx.jaxfn_host
             probe, args = call.probe, call.args
-            given = jax.tree_util.tree_leaves(list(grad_outputs), is_leaf=lambda g: g is None)
-            present = tuple(d and g is not None for d, g in zip(probe.info.differentiable, given))
-            avals = list(call.avals)
+            info = probe.info
+            returned = grad_outputs if info.is_sequence else grad_outputs[0]
+            given = _outputs.per_leaf(name, info, info.is_sequence, returned, "backward", "grad_output")
+            present = tuple(d and g is not None for d, g in zip(info.differentiable, given))
             wanted = [i for i, flag in enumerate(probe.flags) if flag]
-            host = self._call(probe, args, "backward", present, avals)
+            host = self._call(probe, args, "backward", present, call.avals)
             sent = [g for g, p in zip(given, present) if p]
-            grads = iter(bind(name, host, tuple(avals[i] for i in wanted), *ctx.saved_tensors, *sent) if wanted else ())
+            specs = tuple(call.avals[i] for i in wanted)
+            grads = iter(bind(name, host, specs, *ctx.saved_tensors, *sent) if wanted else ())
             return dict(zip(args.names, args.parameters([next(grads) if flag else None for flag in probe.flags])))
 
         def jvp(ctx: Context, *tangents: Any) -> Any:
-            call = ctx.jaxfn_host
-            args = call.args
-            leaves = jax.tree_util.tree_leaves(tangents, is_leaf=lambda x: x is None)
-            by_array = [leaves[p] for p in args.array_positions]
+            args = ctx.jaxfn_host.args
+            by_array = args.per_array_from_slots(tangents)
             present = tuple(t is not None for t in by_array)
             arrays = ctx.saved_tensors
             probe = self._probe(args, arrays, present)
@@ -205,22 +213,11 @@ class HostFunction:
             definition, with_saved = self.definition, role == "forward"
 
             def host(*values: Any) -> Any:
-                results = run(definition, args, probe, with_saved, *extra, *values)
-                if anomaly:
-                    _check_anomalies(definition.name, role, args, probe, results)
-                return results
+                with _jax_private.anomaly_context(anomaly):  # the rule's own checks, as traced
+                    return run(definition, args, probe, with_saved, *extra, *values)
 
             calls[key] = HostCall(host)
         return calls[key]
-
-
-def _check_anomalies(name: str, role: str, args: Arguments, probe: _Probe, results: tuple[Any, ...]) -> None:
-    """Anomaly detection of what a host forward returned or a host backward's gradients."""
-    if role == "backward":
-        wanted = [args.paths[i] for i, flag in zip(args.array_positions, probe.flags) if flag]
-        _anomaly.check(name, "backward", list(zip(wanted, results)))
-    else:
-        _anomaly.outputs(name, probe.info.rebuild(list(results[: len(probe.info.avals)])))
 
 
 def _host_arrays(arrays: Any) -> list[np.ndarray]:
@@ -249,7 +246,7 @@ def _host_forward(definition: _rule.Definition, args: Arguments, probe: _Probe, 
     """Runs in the callback: forward's outputs, and (``with_saved``) what it saved, as they cross."""
     name = definition.name
     ctx, out = _run_forward(definition, args, [np.asarray(a) for a in arrays], probe.flags)
-    results = _check_outputs(name, probe, out)
+    results = _check_outputs(name, probe.info, out)
     if with_saved:
         remainder, leaves = _host_values.split(ctx)
         if (remainder.treedef, remainder.names) != (probe.remainder.treedef, probe.remainder.names):
@@ -267,11 +264,13 @@ _CHANGED = (
 )
 
 
-def _check_outputs(name: str, probe: _Probe, out: Any) -> list[np.ndarray]:
+def _check_outputs(name: str, info: Outputs, out: Any) -> list[np.ndarray]:
+    """A host forward's output leaves as JAX will hold them, checked against what the probe (or,
+    eagerly, this very run) described."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
-    if treedef != probe.info.treedef:
+    if treedef != info.treedef:
         raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="return"))
-    return [_host_values.conform(name, "output", leaf, spec) for leaf, spec in zip(leaves, probe.info.avals)]
+    return [_host_values.conform(name, "output", leaf, spec) for leaf, spec in zip(leaves, info.avals)]
 
 
 def _host_backward(
@@ -280,25 +279,19 @@ def _host_backward(
     probe: _Probe,
     with_saved: bool,
     present: tuple[bool, ...],
-    avals: list[Any],
+    avals: tuple[jax.ShapeDtypeStruct, ...],
     *values: Any,
 ) -> tuple[Any, ...]:
-    """Runs in the callback: the user's backward on NumPy arrays; one input-shaped gradient per
-    differentiated array, read and checked as any backward's are (``_gradients``)."""
+    """Runs in the callback: the rule's own backward step (``_rule.run_backward``) on NumPy arrays;
+    one input-shaped gradient per differentiated array."""
     name = definition.name
     values = tuple(np.asarray(v) for v in values)  # callbacks may hand over JAX arrays
     carried, given = iter(values[: len(probe.carried)]), iter(values[len(probe.carried) :])
     ctx = _host_values.context(probe.remainder, [_host_values.receive(name, c, carried) for c in probe.carries])
-    grad_outputs = _grad_outputs(probe.info, present, given, ctx.materialize_grads)
-    _rule.check_backward_accepts(definition, ctx, grad_outputs)
-    returned = definition.backward(ctx, *grad_outputs)
-    grads = _gradients.by_parameter(name, args, returned)
-    every = [args.kinds[p] == DIFF for p in args.array_positions]
-    cotangents = _gradients.to_cotangents(name, args, grads, avals, every, asarray=np.asarray)
+    cotangents = [next(given) if p else None for p in present]
+    grads = _rule.run_backward(definition, args, ctx, probe.info, cotangents, list(avals), list(probe.flags), xp=np)
     return tuple(
-        np.zeros(aval.shape, aval.dtype) if ct is None else np.asarray(ct)
-        for ct, aval, flag in zip(cotangents, avals, probe.flags)
-        if flag
+        np.zeros(aval.shape, aval.dtype) if g is None else g for g, aval, flag in zip(grads, avals, probe.flags) if flag
     )
 
 
@@ -311,43 +304,22 @@ def _host_jvp(
     *values: Any,
 ) -> tuple[Any, ...]:
     """Runs in the callback: forward with a fresh context, then the user's jvp reading what it
-    saved (``ctx.save_for_forward``) and its attributes; one tangent per output array."""
+    saved (``ctx.save_for_forward``) and its attributes, its tangents handed over and read back as
+    the traced rule's are (``_forward_mode``); one tangent per output array."""
     name = definition.name
     assert definition.jvp is not None
     values = tuple(np.asarray(v) for v in values)
     arrays, given = values[: len(present)], iter(values[len(present) :])
     ctx, out = _run_forward(definition, args, list(arrays), present)
-    _check_outputs(name, probe, out)
-    per_array = [
-        (next(given) if flag else (np.zeros_like(array) if ctx.materialize_grads else None))
-        if args.kinds[position] == DIFF
-        else None
-        for position, array, flag in zip(args.array_positions, arrays, present)
-    ]
-    tangents = args.by_slot(args.parameters(per_array))
-    jvp_takes = _rule.jvp_takes(args)
-    returned = _rule.call_user(definition.name, "jvp", definition.jvp, (_context.for_jvp(ctx), *tangents), jvp_takes)
-    returned_leaves = jax.tree_util.tree_leaves(returned, is_leaf=lambda x: x is None)
-    if len(returned_leaves) != len(probe.info.avals):
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"jvp must return one tangent per output ({len(probe.info.avals)}), but it returned "
-            f"{len(returned_leaves)}; return a tangent (or None) for each output of forward",
-        )
+    _check_outputs(name, probe.info, out)
+    tangents = [next(given) if flag else None for flag in present]
+    handed = _forward_mode.tangents_by_slot(args, arrays, tangents, ctx.materialize_grads, xp=np)
+    jvp_ctx = _context.for_jvp(ctx)
+    returned = _rule.call_user(name, "jvp", definition.jvp, (jvp_ctx, *handed), _rule.jvp_takes(args))
+    computed = iter(_forward_mode.out_tangents(name, probe.info, returned, xp=np))
     return tuple(
-        np.zeros(a.shape, a.dtype) if t is None else _host_values.conform(name, "tangent", t, a)
-        for t, a in zip(returned_leaves, probe.info.avals)
+        next(computed) if d else np.zeros(a.shape, a.dtype) for d, a in zip(probe.info.differentiable, probe.info.avals)
     )
-
-
-def _grad_outputs(info: Outputs, present: tuple[bool, ...], given: Any, materialize: bool) -> list[Any]:
-    """backward's grad_output arguments, NumPy zeros (or None) where no gradient flows."""
-    leaves = [
-        next(given) if p else (np.zeros(a.shape, a.dtype) if materialize else None) for p, a in zip(present, info.avals)
-    ]
-    tree = info.join(leaves)
-    return list(tree) if info.is_sequence else [tree]
 
 
 # -- the probe ---------------------------------------------------------------------------------

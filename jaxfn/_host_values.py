@@ -26,19 +26,17 @@ from ._errors import AutogradFunctionTypeError, error, type_name
 
 
 def split(ctx: Context) -> tuple[Remainder, list[Any]]:
-    """A host forward's context: its static remainder, and every value it holds as a host value."""
-    arrays, remainder = ctx.to_residuals()  # JAX arrays only if host code made some
-    held = iter(arrays)
-    leaves = [np.asarray(next(held)) if a else s for s, a in zip(remainder.statics, remainder.is_array)]
+    """A host forward's context: its static remainder, and every value it holds as a host value,
+    each named as the traced rule names a save (``remainder.save_names``: ``cosx``, ``0``, ``scale``)."""
+    values, remainder = ctx.to_residuals(lambda leaf: True)
+    leaves = [np.asarray(v) if isinstance(v, jax.Array) else v for v in values]  # JAX arrays if host code made some
     bare = dataclasses.replace(remainder.state, non_differentiable=[])  # keeps no output of this call
-    return dataclasses.replace(remainder, state=bare, statics=(None,) * len(leaves)), leaves
+    return dataclasses.replace(remainder, state=bare), leaves
 
 
 def context(remainder: Remainder, leaves: list[Any]) -> Context:
     """The host backward's context, rebuilt from ``split``'s remainder and the values received."""
-    return Context.from_residuals(
-        [], dataclasses.replace(remainder, is_array=(False,) * len(leaves), statics=tuple(leaves))
-    )
+    return Context.from_residuals(leaves, remainder)
 
 
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
@@ -218,6 +216,18 @@ def conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct, exact:
     """``value`` as an array of ``spec``'s shape and dtype: an output as JAX would hold it, a saved
     value (``exact``) only if it has that very dtype."""
     array = np.asarray(value)
+    if array.shape != tuple(spec.shape) and what == "output":
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"under a JAX transformation (jit, grad, vmap...) JAX must know the shape of a host forward's output "
+            f"before it runs, so jaxfn ran forward once on example arrays of this call's shapes (ones, or seeded "
+            f"standard-normal values) and it returned shape {tuple(spec.shape)}, but on this call's values it "
+            f"returned shape {array.shape}: the output's shape depends on the input values (a boolean-mask "
+            f"selection x[mask], np.nonzero, np.unique); return a fixed size instead (pad to the largest size the "
+            f"output can have, as jnp.nonzero(mask, size=n, fill_value=0) does, and return the count beside it), "
+            f"or call the function outside transformations, where forward runs directly on the values",
+        )
     if array.shape != tuple(spec.shape):
         raise error(
             AutogradFunctionTypeError,

@@ -125,15 +125,16 @@ def _is_array(function: str, path: tuple, leaf: Any) -> bool:
     return False
 
 
-def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> list[Any]:
+def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool, xp: Any = jnp) -> list[Any]:
     """The grad_output arguments for backward: zeros (or None) where no gradient flows.
 
-    ``cotangents`` has one entry per array leaf. Python values in the output get ``None``.
+    ``cotangents`` has one entry per array leaf (None or a symbolic zero where none flows). Python
+    values in the output get ``None``. ``xp``: ``numpy`` for a host backward, whose zeros are NumPy's.
     """
-    if info.treedef is _ONE_LEAF and info.differentiable == (True,) and not isinstance(cotangents[0], SymbolicZero):
+    if info.treedef is _ONE_LEAF and info.differentiable == (True,) and _flows(cotangents[0]):
         return [cotangents[0]]  # the common case: one array output, with a gradient
     per_array = [
-        ct if differentiable and not isinstance(ct, SymbolicZero) else _no_gradient(aval, materialize)
+        ct if differentiable and _flows(ct) else _no_gradient(aval, materialize, xp)
         for ct, aval, differentiable in zip(cotangents, info.avals, info.differentiable)
     ]
     try:
@@ -147,6 +148,45 @@ def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool) -> lis
     return list(tree) if info.is_sequence else [tree]
 
 
+def _flows(cotangent: Any) -> bool:
+    return cotangent is not None and not isinstance(cotangent, SymbolicZero)
+
+
+def per_leaf(name: str, info: Split, is_sequence: bool, returned: Any, role: str, what: str) -> list[Any]:
+    """``returned`` (one value per output, in forward's output structure ``info``: grad_outputs as
+    backward gets them, a jvp's tangents, a vmap rule's outputs; None for a whole output) as one
+    value per output leaf, read through the output's structure: a ``None`` the output holds is a
+    node with no leaf, never mistaken for a missing value."""
+    if is_sequence:
+        children = info.treedef.children()
+        if not isinstance(returned, (tuple, list)) or len(returned) != len(children):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"forward returns {len(children)} outputs, so {role} must return a tuple of {len(children)} "
+                f"{what}s (None for an output without one), but it returned {type_name(returned)}"
+                + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""),
+            )
+        parts = zip(children, returned)
+    else:
+        parts = zip([info.treedef], [returned])
+    leaves: list[Any] = []
+    for index, (treedef, value) in enumerate(parts):
+        if value is None:
+            leaves.extend([None] * treedef.num_leaves)
+            continue
+        try:
+            leaves.extend(treedef.flatten_up_to(value))
+        except (TypeError, ValueError):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"{role}'s {what} for output {index} must have that output's structure ({treedef}), but it is "
+                f"{type_name(value)}; return {what}s in the structure forward returns",
+            ) from None
+    return leaves
+
+
 _REFUSES_NONE = (
     "backward receives its grad_outputs in the structure of forward's output, with None where no gradient "
     "flows (a Python value, or any output with ctx.set_materialize_grads(False)), but a pytree node of the "
@@ -155,7 +195,7 @@ _REFUSES_NONE = (
 )
 
 
-def _no_gradient(aval: jax.ShapeDtypeStruct, materialize: bool) -> Any:
+def _no_gradient(aval: jax.ShapeDtypeStruct, materialize: bool, xp: Any) -> Any:
     if not materialize or jnp.issubdtype(aval.dtype, jax.dtypes.extended):
         return None  # a PRNG key has no zeros
-    return jnp.zeros(aval.shape, aval.dtype)
+    return xp.zeros(aval.shape, aval.dtype)

@@ -39,7 +39,7 @@ import numpy as np
 from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 
-from . import _context, _forward_mode, _jax_private, _linear, _reverse_mode, _rule, _tie
+from . import _context, _forward_mode, _jax_private, _linear, _outputs, _reverse_mode, _rule, _tie
 from ._arguments import DIFF, Arguments
 from ._errors import AutogradFunctionTypeError, ContextAttributeError, error, type_name, unknown_name
 from ._outputs import Described, Outputs
@@ -387,11 +387,11 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
                 f"output, but it returned {type_name(out_dims)} {out_dims!r}; return the int itself (for instance "
                 "0, not (0,))",
             )
-        out_leaves = _forward_mode.per_output_leaf(name, info, out, "vmap", "output")
+        out_leaves = _outputs.per_leaf(name, info, info.is_sequence, out, "vmap", "output")
         if out_dims is None or isinstance(out_dims, int):
             dim_leaves = [out_dims] * len(out_leaves)
         else:
-            dim_leaves = _forward_mode.per_output_leaf(name, info, out_dims, "vmap", "out_dim")
+            dim_leaves = _outputs.per_leaf(name, info, info.is_sequence, out_dims, "vmap", "out_dim")
         arrays_out, dims_out = [], []
         for index, (leaf, dim, is_array) in enumerate(zip(out_leaves, dim_leaves, info.is_array)):
             if not is_array:

@@ -278,13 +278,16 @@ def run_backward(
     avals: list[Any],
     wanted: list[bool],
     varying: tuple[frozenset[str], ...] | None = None,
+    xp: Any = jnp,
 ) -> list[Any]:
-    """Call the user's backward on one cotangent per array output; one cotangent (or None) per
-    array input, checked against that input. ``wanted[i]``: whether JAX differentiates input i;
-    ``varying`` (inside ``jax.shard_map``): the mesh axes each input varies over (``varying_per_array``)."""
-    grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads)
+    """Call the user's backward on one cotangent per array output (None where none flows); one
+    cotangent (or None) per array input, checked against that input. ``wanted[i]``: whether JAX
+    differentiates input i; ``varying`` (inside ``jax.shard_map``): the mesh axes each input varies
+    over (``varying_per_array``); ``xp``: ``numpy`` where a host backward runs (host code sees
+    NumPy arrays only)."""
+    grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads, xp)
     check_backward_accepts(definition, ctx, grad_outputs)
-    if definition.once_differentiable:
+    if definition.once_differentiable and xp is jnp:  # on the host, nothing differentiates backward
         returned = _call_once_differentiable(definition, ctx, grad_outputs)
     else:
         returned = definition.backward(ctx, *grad_outputs)
@@ -293,7 +296,7 @@ def run_backward(
     grads = _gradients.by_parameter(
         definition.name, args, returned, definition.keyword_only, _context.needs_by_name(ctx)
     )
-    cotangents = _gradients.to_cotangents(definition.name, args, grads, avals, wanted)
+    cotangents = _gradients.to_cotangents(definition.name, args, grads, avals, wanted, xp.asarray)
     if varying:
         _check_varying(definition.name, args, cotangents, varying)
     if _anomaly.enabled():

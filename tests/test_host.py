@@ -160,9 +160,17 @@ def test_a_forward_that_fails_on_ones_is_probed_again_and_values_dependent_shape
     )
     a = jnp.array([[2.0, 1.0], [0.5, 3.0]])
     np.testing.assert_allclose(solve(a, jnp.ones(2)), np.linalg.solve(np.asarray(a), np.ones(2)), rtol=1e-12)
-    positive = jaxfn.autograd_function(lambda ctx, x: x[x > 0], lambda ctx, g: None, host=True, name="positive")
-    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'positive': a host forward \(host=True\) must give"):
-        positive(jnp.array([1.0, -1.0, 2.0]))
+    positive = jaxfn.autograd_function(lambda ctx, x: x[x > 0], lambda ctx, g: {}, host=True, name="positive")
+    x = jnp.array([1.0, -1.0, 2.0])
+    np.testing.assert_array_equal(positive(x), [1.0, 2.0])  # eagerly, forward runs on the values themselves
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'positive': under a JAX transformation .* returned shape \(3,\), but on this call's values it "
+        r"returned shape \(2,\): the output's shape depends on the input values .* jnp.nonzero\(mask, size=n",
+    ):
+        jax.grad(lambda x: positive(x).sum())(x)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"'positive': under a JAX transformation"):
+        jax.jit(positive)(x)
 
 
 def test_saved_numpy_values_cross_to_backward_exactly_without_x64():
