@@ -4,7 +4,7 @@ unrolled Python loops and on larger Jacobians.
 Each row runs in a fresh Python process (no compilation cache), so the first call's time is
 what a user sees, compiles included; the second call is the same check again in that process:
 
-    python benchmarks/gradcheck_speed.py            # the markdown table
+    python benchmarks/gradcheck_speed.py            # the markdown table, PyTorch's gradcheck beside it
     python benchmarks/gradcheck_speed.py --row bisection   # one row, as JSON
     PYTHONPATH=/path/to/other/checkout python benchmarks/gradcheck_speed.py   # another jaxfn's gradcheck
 
@@ -56,7 +56,7 @@ def bisection(steps: int = 50):
 
 def _rows():
     import jax
-    import jax.numpy as jnp
+    import numpy as np
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from seeds import exp2, linear
@@ -65,7 +65,7 @@ def _rows():
     x36 = jax.random.normal(key[0], (3, 6))
     return {
         "bisection": ("50-step bisection, 3x6 float32 + scalar", bisection(), (x36, 1.0)),
-        "bisection64": ("50-step bisection, 3x6 float64 + scalar", bisection(), (x36.astype(jnp.float64), 1.0)),
+        "bisection64": ("50-step bisection, 3x6 float64 + scalar", bisection(), (np.asarray(x36, np.float64), 1.0)),
         "exp2": ("exp2, 64 elements", exp2, (jax.random.normal(key[1], (64,)) * 0.1,)),
         "linear": (
             "R torch's linear, 2,620 inputs x 640 outputs",
@@ -77,6 +77,56 @@ def _rows():
             ),
         ),
         "exp2_4096": ("exp2, 4,096 elements (random directions)", exp2, (jax.random.normal(key[1], (64, 64)) * 0.1,)),
+    }
+
+
+def torch_bisection(steps: int = 50):
+    """The same bisection as a PyTorch Function (float64, as torch.autograd.gradcheck wants)."""
+    import torch
+
+    class Bisection(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, radius):
+            hi = x.max(-1, keepdim=True).values
+            lo = hi - radius
+            for _ in range(steps):
+                tau = (lo + hi) / 2
+                above = (x - tau).clamp(min=0).sum(-1, keepdim=True) > radius
+                lo, hi = torch.where(above, tau, lo), torch.where(above, hi, tau)
+            p = (x - (lo + hi) / 2).clamp(min=0)
+            ctx.save_for_backward(p)
+            return p
+
+        @staticmethod
+        def backward(ctx, g):
+            (p,) = ctx.saved_tensors
+            support = p > 0
+            mean = torch.where(support, g, 0).sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
+            return torch.where(support, g - mean, 0), mean.sum()
+
+    return Bisection
+
+
+def run_torch_row() -> dict:
+    """PyTorch's torch.autograd.gradcheck on the bisection case (its first and second call)."""
+    import jax
+    import numpy as np
+    import torch
+
+    x = torch.tensor(np.asarray(jax.random.normal(jax.random.split(jax.random.key(0), 4)[0], (3, 6)), np.float64))
+    args = (x.requires_grad_(), torch.tensor(1.0, dtype=torch.float64, requires_grad=True))
+    function = torch_bisection()
+    start = time.perf_counter()
+    assert torch.autograd.gradcheck(function.apply, args)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    assert torch.autograd.gradcheck(function.apply, args)
+    return {
+        "row": "PyTorch's gradcheck, 50-step bisection, 3x6 float64 + scalar",
+        "first_s": first,
+        "compiled": "",
+        "second_s": time.perf_counter() - start,
+        "compiled_second": "",
     }
 
 
@@ -114,7 +164,7 @@ def main() -> None:
     parser.add_argument("--row", help="run one row in this process and print it as JSON")
     options = parser.parse_args()
     if options.row:
-        print(json.dumps(run_row(options.row)))
+        print(json.dumps(run_torch_row() if options.row == "torch" else run_row(options.row)))
         return
     environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     import jax
@@ -126,7 +176,14 @@ def main() -> None:
     print(f"jaxfn.gradcheck of the jaxfn in {where}, jax {jax.__version__}, {machine}\n")
     print("| check | first call (s) | compiled | second call (s) | compiled again |")
     print("|---|---:|---:|---:|---:|")
-    for name in ("bisection", "bisection64", "exp2", "linear", "exp2_4096"):
+    rows = ["bisection", "bisection64", "exp2", "linear", "exp2_4096"]
+    try:
+        import torch  # noqa: F401
+
+        rows.insert(2, "torch")
+    except ImportError:
+        pass
+    for name in rows:
         result = subprocess.run(
             [sys.executable, __file__, "--row", name], capture_output=True, text=True, env=environment, check=True
         )

@@ -32,7 +32,7 @@ from jax.tree_util import (
     tree_unflatten,
 )
 
-from . import _jax_private
+from . import _jax_private, _pytorch_names
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._split import Split, take
 from ._tracers import Closure
@@ -359,14 +359,19 @@ def call_forward(
     names: tuple[str, ...],
     values: list[Any],
     positional: bool = False,
+    function: str = "forward",
 ) -> Any:
     """Call the user's forward with ``ctx`` and the parameter values, as Python would bind them
-    (``positional``: forward's parameters are all plain positional, so they go in order)."""
+    (``positional``: forward's parameters are all plain positional, so they go in order); a PyTorch
+    habit it raises (or a Python flag ``jax.jit`` traced) said as jaxfn's error naming ``function``
+    (``_pytorch_names``). ``ctx`` keeps the parameters' names and values while forward runs."""
+    ctx._bind_parameters(names, values)
+    parameters = (names, values)
     if positional:
-        return forward(ctx, *values)
+        return _pytorch_names.call(function, "forward", forward, (ctx, *values), None, parameters)
     ctx_name = next(iter(signature.parameters))
     bound = inspect.BoundArguments(signature, {ctx_name: ctx, **dict(zip(names, values))})  # type: ignore[arg-type]
-    return forward(*bound.args, **bound.kwargs)
+    return _pytorch_names.call(function, "forward", forward, bound.args, bound.kwargs, parameters)
 
 
 def key_paths(treedef: Any) -> list[tuple[Any, ...]]:

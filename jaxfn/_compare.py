@@ -1,11 +1,13 @@
 """``jaxfn.compare``: a jaxfn port checked against the original PyTorch Function, located like gradcheck.
 
-Both run on the same inputs: forward's outputs, the gradients for every set of arguments
-``needs_input_grad`` can name (the same seeded cotangents on both sides), and where the original
-defines them its ``jvp`` (seeded tangents) and ``vmap`` (a batch of two) results. Each value that
-differs is a row: the check, the output or parameter with its pytree path, the index, both
-values. A difference of dtype that follows from JAX's 32-bit default (float32 where PyTorch kept
-float64, x64 off) is a note, and the values are compared at float32's tolerance.
+Both run on the same inputs: forward's outputs, the gradients for every set of array leaves
+``needs_input_grad`` can name (the same seeded cotangents on both sides), where the original
+defines them its ``jvp`` (seeded tangents) and ``vmap`` (a batch of two) results, and with
+``order=2`` second derivatives. Every array counts however it is passed (positionally, by
+keyword, inside a tuple, list or dict, located by its key path), and arrays cross to PyTorch by
+``from_torch``'s one conversion. Each value that differs is a row: the check, the output or
+parameter with its path, the index, both values; an exception the port raises is a row too.
+What could not be compared is listed, and a difference with a known cause is explained in a note.
 """
 
 from __future__ import annotations
@@ -18,45 +20,68 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
 
-from . import _arguments, _jax_private, _torch
+from . import _arguments, _jax_private, _rule, _torch
 from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, error, type_name
+from ._function import Function
 
 _TOLERANCES = {2: (1e-2, 1e-3), 4: (1e-4, 1e-5), 8: (1e-7, 1e-9)}  # itemsize: (rtol, atol)
-_MOST_SUBSETS = 6  # beyond this many differentiable arguments: each alone, and all together
+_MOST_SUBSETS = 6  # beyond this many differentiable leaves: each alone, and all together
+_NESTED_GRADIENT = (
+    "PyTorch gives no gradient to a tensor inside a tuple, list or dict argument of a Function (only a tensor "
+    "argument itself gets one), so the original's gradient for {where} is zero where the port's is not"
+)
+_NARROWER = (
+    "the original computes in {narrow} though its inputs are {wide} (torch.Tensor(ndarray) and "
+    "torch.FloatTensor make float32 whatever the array's dtype), so every value is compared at {narrow}'s "
+    "tolerance (rtol {rtol:g}, atol {atol:g})"
+)
+_DIRTY = (
+    "the original writes {inputs} in place (ctx.mark_dirty), and PyTorch's backward reads back what forward "
+    "saved after that write, while the port (JAX arrays are never written in place) saves the value before it: "
+    "a gradient that differs may come from that; save in the port what the original's backward reads"
+)
+_NOT_THROUGH = (
+    "the original's backward reads a value its forward computed (saved on ctx), and PyTorch does not "
+    "differentiate through it at second order (forward runs without autograd), while JAX differentiates the "
+    "port's through forward's operations: a second derivative that differs may come from that"
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One disagreement: what was checked, where, and both values."""
 
-    check: str  # "forward", "gradient needs_input_grad=(True, False)", "jvp", "vmap"
-    where: str  # "output 0", "parameter 'y'", with a pytree path
-    index: tuple[int, ...] | None  # the first differing element (None: a shape, dtype or count)
+    check: str  # "forward", "gradient needs_input_grad=(True, False)", "jvp", "vmap", "second derivative"
+    where: str  # "output 0", "parameter 'y'", "parameter 'p['w']'", "the port"
+    index: tuple[int, ...] | None  # the first differing element (None: a shape, dtype, count or exception)
     port: Any
     original: Any
 
 
 @dataclasses.dataclass
 class Report:
-    """What ``jaxfn.compare`` found: true when the port agrees with the original.
+    """What ``jaxfn.compare`` found: true when the port agrees with the original on every check run.
 
-    ``rows``: the disagreements, each located; ``notes``: what was not a failure (a dtype
-    explained by JAX's 32-bit default, a check the port can't take); ``checks``: what was run.
-    ``str(report)`` is the located table.
+    ``checks``: what was run; ``rows``: the disagreements, each located (an exception the port
+    raised is one); ``not_compared``: what could not be compared, and why; ``notes``: what was not
+    a failure (a dtype explained by JAX's 32-bit default) and the known causes of a difference.
+    ``str(report)`` is the located table, then those lists.
     """
 
     name: str
     checks: list[str] = dataclasses.field(default_factory=list)
     rows: list[Row] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    not_compared: list[str] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
         return not self.rows
 
     def __str__(self) -> str:
         head = f"jaxfn.compare '{self.name}': " + (
-            f"agrees ({len(self.checks)} checks)" if self else f"{len(self.rows)} disagreements"
+            f"agrees ({_count(len(self.checks), 'check')})" if self else _count(len(self.rows), "disagreement")
         )
         lines = [head]
         if self.rows:
@@ -64,11 +89,16 @@ class Report:
             for r in self.rows:
                 index = "" if r.index is None else str(r.index)
                 lines.append(f"| {r.check} | {r.where} | {index} | {_short(r.port)} | {_short(r.original)} |")
+        lines += self.not_compared
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def compare(
@@ -78,31 +108,44 @@ def compare(
     rtol: float | None = None,
     atol: float | None = None,
     seed: int = 0,
+    order: int = 1,
     raise_exception: bool = False,
     **kwargs: Any,
 ) -> Report:
     """Check a jaxfn port against the original PyTorch `torch.autograd.Function`, on the same inputs.
 
-    Compares forward's outputs, the gradients for each set of arguments that
+    Compares forward's outputs, the gradients for each set of array arguments that
     `needs_input_grad` can name (seeded cotangents, the same on both sides), and, where the
-    original defines them, its `jvp` (seeded tangents) and `vmap` (a batch of two) results.
-    Values are compared with `rtol`/`atol` chosen by dtype (float32: 1e-4/1e-5, float64:
-    1e-7/1e-9) unless given. A dtype difference that follows from JAX's 32-bit default
-    (float32 where PyTorch computed float64, with x64 off) is a note, not a failure.
+    original defines them, its `jvp` (seeded tangents) and `vmap` (a batch of two) results;
+    `order=2` compares second derivatives too. Every array counts however it is passed:
+    positionally, by keyword, or inside a tuple, list or dict (located by its key path). Arrays
+    become tensors by `from_torch`'s conversion (bfloat16 and float8 by their bits). Values are
+    compared with `rtol`/`atol` chosen by dtype (bfloat16 and float16: 1e-2/1e-3, float32:
+    1e-4/1e-5, float64: 1e-7/1e-9) unless given. An exception the port raises (in forward,
+    backward, its jvp or vmap rule) is a disagreement carrying its type and message. What could
+    not be compared is listed with why, and a difference with a known cause names it: the
+    original computing in a narrower dtype than its inputs (then compared at that dtype's
+    tolerance), an in-place write (`ctx.mark_dirty`) that PyTorch's backward reads back, a
+    second derivative PyTorch does not take through a value forward computed. A dtype difference
+    that follows from JAX's 32-bit default (float32 where PyTorch computed float64, with x64 off)
+    is a note, not a failure.
 
     Args:
-      port: the jaxfn port (an `AutogradFunction`, a `Function`'s `apply`, or any JAX function).
+      port: the jaxfn port: a `jaxfn.Function` subclass (as the original is passed), its `apply`,
+        an `AutogradFunction`, or any JAX function.
       original: the PyTorch Function class (or what `jaxfn.from_torch` made from one).
       *args: the call's arguments, as the port takes them (arrays become tensors for the original).
       rtol: relative tolerance (default by dtype).
       atol: absolute tolerance (default by dtype).
       seed: the seed of the cotangents, tangents and batch.
+      order: 1 (the default), or 2 to compare second derivatives (reverse over reverse) too.
       raise_exception: raise an `AutogradFunctionError` with the table where they disagree.
       **kwargs: keyword arguments of the call.
 
     Returns:
-      A report, true when they agree; `str(report)` locates each disagreement (check, output or
-      parameter with its path, index, both values).
+      A `Report`, true when every check that ran agrees. Its `rows` are the disagreements (check,
+        output or parameter with its path, index, both values), `checks` what ran, `not_compared`
+        what could not be compared and why, `notes` the known causes; `str(report)` shows them all.
 
     Raises:
       AutogradFunctionError: with `raise_exception=True` where they disagree, or if `original`
@@ -118,6 +161,8 @@ def compare(
             f"jaxfn.compare takes the original torch.autograd.Function subclass second, but got {type_name(function)}; "
             "pass the class, as jaxfn.compare(port, MyFunction, *args)",
         )
+    if isinstance(port, type) and issubclass(port, Function):
+        port = port.apply  # the class, passed as the original is
     if not callable(port):
         raise error(
             AutogradFunctionTypeError,
@@ -128,6 +173,8 @@ def compare(
     for option, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and (not _arguments.is_real_number(value) or value < 0):
             raise error(AutogradFunctionValueError, name, f"{option} must be a number >= 0, but got {value!r}")
+    if order not in (1, 2):
+        raise error(AutogradFunctionValueError, name, f"jaxfn.compare's order must be 1 or 2, but got {order!r}")
     run = _Run(torch, function, port, args, kwargs, np.random.default_rng(seed), rtol, atol)
     report = Report(name)
     run.forward(report)
@@ -135,50 +182,71 @@ def compare(
     base = torch.autograd.Function
     if function.jvp is not base.jvp:
         run.jvp(report)
+    else:
+        report.not_compared.append("jvp not compared: the original has no jvp static method")
     if function.setup_context is not base.setup_context and (
         function.vmap is not base.vmap or getattr(function, "generate_vmap_rule", False)
     ):
         run.vmap(report)
+    else:
+        report.not_compared.append(
+            "vmap not compared: the original has no vmap static method (or generate_vmap_rule with setup_context)"
+        )
+    if order == 2:
+        run.second(report)
     if raise_exception and not report:
         raise error(AutogradFunctionValueError, name, f"the port disagrees with the original:\n{report}\n")
     return report
 
 
 class _Run:
-    """One comparison's inputs, and the two sides' calls."""
+    """One comparison's inputs (every leaf of the call, located), and the two sides' calls."""
 
     def __init__(self, torch, function, port, args, kwargs, rng, rtol, atol):
         self.torch, self.function, self.port = torch, function, port
-        self.args = tuple(jax.numpy.asarray(a) if _is_array(a) else a for a in args)  # JAX's dtypes (x64)
-        self.given = args  # as the user gave them: the original's inputs
+        with_paths, self.treedef = tree_flatten_with_path((args, kwargs))
+        self.given = [leaf for _, leaf in with_paths]  # as the user gave them: the original's inputs
+        self.leaves = [jax.numpy.asarray(v) if _is_array(v) else v for v in self.given]  # JAX's dtypes (x64)
+        names = _parameter_names(function, torch, len(args))
+        self.labels = [_label(path, names) for path, _ in with_paths]
+        self.nested = [len(path) > 2 for path, _ in with_paths]  # inside a tuple, list or dict argument
         self.kwargs, self.rng, self.rtol, self.atol = kwargs, rng, rtol, atol
-        self.names = _parameter_names(function, torch, len(args))
         self.same_outputs = True  # whether the outputs' count and shapes agree (forward's check says)
-        self.diff = [i for i, a in enumerate(args) if _is_inexact(a)]
+        self.port_forward_failed = False
+        self.diff = [i for i, v in enumerate(self.given) if _is_inexact(v)]
+        self.narrow: np.dtype | None = None  # the dtype the original computes in, narrower than its inputs
 
     # -- the two sides ---------------------------------------------------------------------------
-    def tensor(self, value: Any, requires_grad: bool = False) -> Any:
-        if not _is_array(value):
-            return value
-        tensor = self.torch.from_numpy(np.array(value))  # a copy: the original may write in place
-        return tensor.requires_grad_() if requires_grad else tensor
+    def tensors(self, flags: Any = ()) -> list[Any]:
+        """The original's inputs: each array leaf a new tensor (requiring grad where ``flags`` says)."""
+        return [_torch.tensor_of(self.torch, v, i in flags) if _is_array(v) else v for i, v in enumerate(self.given)]
 
     def original_call(self, tensors: list[Any]) -> list[Any]:
         given = [t.clone() if getattr(t, "requires_grad", False) else t for t in tensors]  # may be written in place
-        out = self.function.apply(*given, **{k: self.tensor(v) for k, v in self.kwargs.items()})
-        return jax.tree_util.tree_leaves(out)
+        call_args, call_kwargs = tree_unflatten(self.treedef, given)
+        return jax.tree_util.tree_leaves(self.function.apply(*call_args, **call_kwargs))
 
-    def port_leaves(self, out: Any) -> list[Any]:
-        return jax.tree_util.tree_leaves(out)
+    def port_call(self, leaves: list[Any]) -> Any:
+        call_args, call_kwargs = tree_unflatten(self.treedef, leaves)
+        return self.port(*call_args, **call_kwargs)
+
+    def port_of(self, which: list[int]) -> Callable[..., Any]:
+        """The port as a function of the leaves ``which`` alone, the others as given."""
+        return _rule.of_chosen(lambda *leaves: self.port_call(list(leaves)), self.leaves, which)
+
+    def raised(self, report: Report, check: str, err: Exception, theirs: str) -> None:
+        """An exception the port raised: a disagreement, carrying its type and message."""
+        first = (str(err).strip().splitlines() or [""])[0]
+        report.rows.append(Row(check, "the port", None, f"raised {type(err).__name__}: {first}", theirs))
 
     # -- the checks ------------------------------------------------------------------------------
     def forward(self, report: Report) -> None:
         report.checks.append("forward")
         with self.torch.no_grad():
             try:
-                theirs = self.original_call([self.tensor(a) for a in self.given])
+                theirs = self.original_call(self.tensors())
             except TypeError as err:  # the arguments it takes differ from the port's: said as such
-                if _takes(self.torch, self.function, len(self.given), self.kwargs):
+                if _takes(self.torch, self.function, self.treedef, self.kwargs):
                     raise  # the original's own error
                 raise error(
                     AutogradFunctionTypeError,
@@ -186,15 +254,40 @@ class _Run:
                     f"jaxfn.compare calls the port and the original with the same arguments, but the original's "
                     f"forward refused them ({err}); pass arguments that both take, in the same order",
                 ) from err
-        ours = self.port_leaves(self.port(*self.args, **self.kwargs))
-        self.leaves(report, "forward", "output", ours, theirs)
-        self.same_outputs = [np.shape(a) for a in ours] == [np.shape(_numpy(b)) for b in theirs]
+        self.narrow = self.narrower(theirs, report)
+        try:
+            ours = jax.tree_util.tree_leaves(self.port_call(self.leaves))
+        except Exception as err:  # noqa: BLE001 - the port's exception is a disagreement
+            self.raised(report, "forward", err, "outputs")
+            self.port_forward_failed = True
+            return
+        self.leaves_of(report, "forward", "output", ours, theirs)
+        self.same_outputs = [np.shape(a) for a in ours] == [np.shape(_numpy(self.torch, b)) for b in theirs]
+
+    def narrower(self, outputs: list[Any], report: Report) -> np.dtype | None:
+        """The float dtype the original computes in where it is narrower than its inputs' (noted)."""
+        inputs = [np.asarray(self.given[i]).dtype for i in self.diff]
+        made = [_numpy(self.torch, o).dtype for o in outputs if hasattr(o, "dtype")]
+        made = [d for d in made if _kind(d) in "fc"]
+        if not inputs or not made:
+            return None
+        wide, narrow = max(inputs, key=_real_size), min(made, key=_real_size)
+        if _real_size(narrow) >= _real_size(wide):
+            return None
+        rtol, atol = self.tolerance(narrow, narrow)
+        report.notes.append(_NARROWER.format(narrow=narrow, wide=wide, rtol=rtol, atol=atol))
+        return narrow
 
     def gradients(self, report: Report) -> None:
         if not self.diff:
             return
+        if self.port_forward_failed:
+            report.not_compared.append("gradients not compared: the port's forward raised (see forward)")
+            return
         if not self.same_outputs:  # one cotangent can't serve both: the forward row says how they differ
-            report.notes.append("gradients not compared: the port's outputs differ from the original's (see forward)")
+            report.not_compared.append(
+                "gradients not compared: the port's outputs differ from the original's (see forward)"
+            )
             return
         subsets = (
             [c for k in range(1, len(self.diff) + 1) for c in itertools.combinations(self.diff, k)]
@@ -202,48 +295,62 @@ class _Run:
             else [(i,) for i in self.diff] + [tuple(self.diff)]
         )
         with self.torch.no_grad():
-            outs = [_numpy(t) for t in self.original_call([self.tensor(a) for a in self.given])]
+            outs = [_numpy(self.torch, t) for t in self.original_call(self.tensors())]
         # complex outputs get complex cotangents; PyTorch's complex gradients are the conjugates of
         # JAX's (its backward takes and gives conj(cotangent)), so its side is conjugated in and out
-        cotangents = [
-            self.rng.standard_normal(np.shape(o))
-            + (1j * self.rng.standard_normal(np.shape(o)) if np.iscomplexobj(o) else 0)
-            for o in outs
-        ]
+        cotangents = [_random(self.rng, np.shape(o), np.iscomplexobj(o)) for o in outs]
+        dirty: list[str] = []
+        nested: list[str] = []
         for subset in subsets:
-            flags = tuple(i in subset for i in range(len(self.args)))
+            flags = tuple(i in subset for i in range(len(self.given)))
             check = f"gradient needs_input_grad={flags}"
             report.checks.append(check)
-            tensors = [self.tensor(a, f) for a, f in zip(self.given, flags)]
-            with self.torch.enable_grad():
-                outs = self.original_call(tensors)
-            pairs = [(o, c) for o, c in zip(outs, cotangents) if getattr(o, "requires_grad", False)]
-            wanted = [tensors[i] for i in subset]
-            grads = [None] * len(wanted)
-            if pairs:
-                grads = list(
-                    self.torch.autograd.grad(
-                        [o for o, _ in pairs],
-                        wanted,
-                        [self.torch.as_tensor(np.conj(c), dtype=o.dtype) for o, c in pairs],
-                        allow_unused=True,
-                    )
-                )
-            theirs = [
-                np.zeros(np.shape(self.args[i])) if g is None else np.conj(_numpy(g)) for i, g in zip(subset, grads)
-            ]
-            ours = self.port_gradients(subset, cotangents)
+            theirs, written = self.original_gradients(subset, cotangents)
+            dirty += [w for w in written if w not in dirty]
+            try:
+                ours = self.port_gradients(list(subset), cotangents)
+            except Exception as err:  # noqa: BLE001 - the port's backward raised: a disagreement
+                self.raised(report, check, err, "gradients")
+                continue
             for i, a, b in zip(subset, ours, theirs):
-                self.leaves(report, check, f"parameter '{self.names[i]}'", [a], [b], single=True)
+                before = len(report.rows)
+                where = f"parameter '{self.labels[i]}'"
+                self.values(report, check, where, np.asarray(a), np.zeros(np.shape(a)) if b is None else b)
+                if len(report.rows) > before and b is None and self.nested[i] and where not in nested:
+                    nested.append(where)
+        report.notes += [_NESTED_GRADIENT.format(where=where) for where in nested]
+        if dirty and any(r.check.startswith("gradient") for r in report.rows):
+            report.notes.append(_DIRTY.format(inputs=", ".join(dirty)))
 
-    def port_gradients(self, subset: tuple[int, ...], cotangents: list[np.ndarray]) -> list[Any]:
-        def on(*chosen: Any) -> Any:
-            merged = list(self.args)
-            for i, value in zip(subset, chosen):
-                merged[i] = value
-            return self.port(*merged, **self.kwargs)
+    def original_gradients(self, subset: tuple[int, ...], cotangents: list[np.ndarray]) -> tuple[list[Any], list[str]]:
+        """The original's gradients for the leaves ``subset`` (None where PyTorch gives none), and
+        the inputs its forward wrote in place."""
+        torch = self.torch
+        tensors = self.tensors(subset)
+        given = [t.clone() if getattr(t, "requires_grad", False) else t for t in tensors]
+        versions = [t._version if isinstance(t, torch.Tensor) else None for t in given]
+        call_args, call_kwargs = tree_unflatten(self.treedef, given)
+        with torch.enable_grad():
+            outs = jax.tree_util.tree_leaves(self.function.apply(*call_args, **call_kwargs))
+        written = [
+            f"'{self.labels[i]}'" for i, (t, v) in enumerate(zip(given, versions)) if v is not None and t._version != v
+        ]
+        pairs = [(o, c) for o, c in zip(outs, cotangents) if getattr(o, "requires_grad", False)]
+        wanted = [tensors[i] for i in subset]
+        grads: list[Any] = [None] * len(wanted)
+        if pairs:
+            grads = list(
+                torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    wanted,
+                    [_torch.tensor_of(torch, np.conj(c)).to(o.dtype) for o, c in pairs],
+                    allow_unused=True,
+                )
+            )
+        return [None if g is None else np.conj(_numpy(torch, g)) for g in grads], written
 
-        out, pullback = jax.vjp(on, *[self.args[i] for i in subset])
+    def port_gradients(self, subset: list[int], cotangents: list[np.ndarray]) -> list[Any]:
+        out, pullback = jax.vjp(self.port_of(subset), *[self.leaves[i] for i in subset])
         leaves, treedef = jax.tree_util.tree_flatten(out)
         cts = [
             jax.numpy.asarray(c, leaf.dtype) if _is_inexact(leaf) else np.zeros(np.shape(leaf), jax.dtypes.float0)
@@ -252,114 +359,245 @@ class _Run:
         return list(pullback(jax.tree_util.tree_unflatten(treedef, cts)))
 
     def jvp(self, report: Report) -> None:
+        if self.port_forward_failed:
+            report.not_compared.append("jvp not compared: the port's forward raised (see forward)")
+            return
+        top = [i for i in self.diff if not self.nested[i]]
+        for i in self.diff:
+            if self.nested[i]:
+                report.not_compared.append(
+                    f"jvp not compared for '{self.labels[i]}': PyTorch's forward mode takes the tangents of tensor "
+                    "arguments only, not of tensors inside a tuple, list or dict"
+                )
+        if not top:
+            return
         report.checks.append("jvp")
-        tangents = {i: self.rng.standard_normal(np.shape(self.args[i])) for i in self.diff}
+        tangents = {i: self.rng.standard_normal(np.shape(self.given[i])) for i in top}
+        tensors = self.tensors()
         with _torch.forward_ad(self.torch) as forward_ad:
             duals = [
-                forward_ad.make_dual(self.tensor(a), self.torch.tensor(tangents[i], dtype=self.tensor(a).dtype))
-                if i in tangents
-                else self.tensor(a)
-                for i, a in enumerate(self.given)
+                forward_ad.make_dual(t, _torch.tensor_of(self.torch, tangents[i]).to(t.dtype)) if i in tangents else t
+                for i, t in enumerate(tensors)
             ]
             outs = self.original_call(duals)
             theirs = [
-                _numpy(forward_ad.unpack_dual(o).tangent) if hasattr(o, "dtype") else None for o in outs
+                _numpy(self.torch, forward_ad.unpack_dual(o).tangent) if hasattr(o, "dtype") else None for o in outs
             ]  # None: a zero tangent
         try:
-            ours = self.port_jvp(tangents)
-        except Exception as err:  # noqa: BLE001 - a port without forward mode: reported, not raised
-            report.notes.append(f"jvp not compared: the port has no forward mode ({str(err).splitlines()[0]})")
+            ours = self.port_jvp(top, tangents)
+        except Exception as err:  # noqa: BLE001 - no forward mode is said as such; any other exception is a row
+            if _jax_private.refused_forward_mode(err) or _rule.FORWARD_MODE_HELP in str(err):
+                report.checks.remove("jvp")
+                report.not_compared.append(
+                    "jvp not compared: the port has no forward-mode rule (give it a jvp rule, or forward_mode=True), "
+                    "so jax.jvp refuses it"
+                )
+            else:
+                self.raised(report, "jvp", err, "tangents")
             return
-        theirs = [np.zeros(np.shape(a)) if t is None else t for t, a in zip(theirs, outs)]
+        theirs = [np.zeros(np.shape(_numpy(self.torch, a))) if t is None else t for t, a in zip(theirs, outs)]
         both = [(a, b) for a, b in zip(ours, theirs) if _is_inexact(a)]
-        self.leaves(report, "jvp", "output", [a for a, _ in both], [b for _, b in both])
+        self.leaves_of(report, "jvp", "output", [a for a, _ in both], [b for _, b in both])
 
-    def port_jvp(self, tangents: dict[int, np.ndarray]) -> list[Any]:
-        which = sorted(tangents)
-
-        def on(*chosen: Any) -> Any:
-            merged = list(self.args)
-            for i, value in zip(which, chosen):
-                merged[i] = value
-            return self.port(*merged, **self.kwargs)
-
-        primals = [jax.numpy.asarray(self.args[i]) for i in which]
+    def port_jvp(self, which: list[int], tangents: dict[int, np.ndarray]) -> list[Any]:
+        primals = [jax.numpy.asarray(self.leaves[i]) for i in which]
         _, out = jax.jvp(
-            on, tuple(primals), tuple(jax.numpy.asarray(tangents[i], p.dtype) for i, p in zip(which, primals))
+            self.port_of(which),
+            tuple(primals),
+            tuple(jax.numpy.asarray(tangents[i], p.dtype) for i, p in zip(which, primals)),
         )
         return jax.tree_util.tree_leaves(out)
 
     def vmap(self, report: Report) -> None:
+        if self.port_forward_failed:
+            report.not_compared.append("vmap not compared: the port's forward raised (see forward)")
+            return
         report.checks.append("vmap")
         batch = [
-            np.stack([np.asarray(a), np.asarray(a) + 0.1 * self.rng.standard_normal(np.shape(a))]).astype(
-                np.asarray(a).dtype
+            np.stack([np.asarray(v), np.asarray(v) + 0.1 * self.rng.standard_normal(np.shape(v))]).astype(
+                np.asarray(v).dtype
             )
-            if _is_inexact(a)
-            else (np.stack([np.asarray(a)] * 2) if _is_array(a) else a)
-            for a in self.args
+            if _is_inexact(v)
+            else (np.stack([np.asarray(v)] * 2) if _is_array(v) else v)
+            for v in self.given
         ]
-        dims = tuple(0 if _is_array(a) else None for a in self.args)
+        dims = [0 if _is_array(v) else None for v in self.given]
+        torch_args, torch_kwargs = tree_unflatten(self.treedef, [_torch.tensor_of(self.torch, b) for b in batch])
+        torch_dims = tree_unflatten(self.treedef, dims)
         try:
             with self.torch.no_grad():
                 out = self.torch.func.vmap(
-                    lambda *t: self.function.apply(*t, **{k: self.tensor(v) for k, v in self.kwargs.items()}),
-                    in_dims=dims,
-                )(*[self.tensor(b) for b in batch])
-        except Exception as err:  # noqa: BLE001 - a vmap rule that batches some arguments only: reported
+                    lambda a, k: self.function.apply(*a, **k), in_dims=(tuple(torch_dims[0]), torch_dims[1])
+                )(tuple(torch_args), torch_kwargs)
+        except Exception as err:  # noqa: BLE001 - a vmap rule that batches some arguments only: listed
+            report.checks.remove("vmap")
             first = (str(err).splitlines() or [""])[0]
-            report.notes.append(
+            report.not_compared.append(
                 f"vmap not compared: the original raised {type(err).__name__} with every array argument batched "
                 f"({first})"
             )
             return
         theirs = jax.tree_util.tree_leaves(out)
-        ours = jax.tree_util.tree_leaves(
-            jax.vmap(lambda *a: self.port(*a, **self.kwargs), in_axes=dims)(
-                *[jax.numpy.asarray(b) if _is_array(b) else b for b in batch]
+        in_axes = tree_unflatten(self.treedef, dims)
+        try:
+            ours = jax.tree_util.tree_leaves(
+                jax.vmap(lambda a, k: self.port(*a, **k), in_axes=in_axes)(
+                    *tree_unflatten(self.treedef, [jax.numpy.asarray(b) if _is_array(b) else b for b in batch])
+                )
             )
-        )
-        self.leaves(report, "vmap", "output", ours, theirs)
+        except Exception as err:  # noqa: BLE001 - the port's vmap rule (or its batching) raised: a row
+            self.raised(report, "vmap", err, "outputs")
+            return
+        self.leaves_of(report, "vmap", "output", ours, theirs)
+
+    def second(self, report: Report) -> None:
+        """Second derivatives (reverse over reverse) along seeded directions, for every array leaf at once."""
+        if self.port_forward_failed or not self.same_outputs or not self.diff:
+            report.not_compared.append("second derivative not compared: forward or its outputs differ (see forward)")
+            return
+        torch, check = self.torch, "second derivative"
+        with torch.no_grad():
+            outs = [_numpy(torch, t) for t in self.original_call(self.tensors())]
+        cotangents = [_random(self.rng, np.shape(o), False) for o in outs]
+        directions = [self.rng.standard_normal(np.shape(self.given[i])) for i in self.diff]
+        report.checks.append(check)
+        tensors = self.tensors(self.diff)
+        wanted = [tensors[i] for i in self.diff]
+        try:
+            given = [t.clone() if getattr(t, "requires_grad", False) else t for t in tensors]
+            call_args, call_kwargs = tree_unflatten(self.treedef, given)
+            with torch.enable_grad():
+                out = jax.tree_util.tree_leaves(self.function.apply(*call_args, **call_kwargs))
+                pairs = [(o, c) for o, c in zip(out, cotangents) if getattr(o, "requires_grad", False)]
+                first = torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    wanted,
+                    [_torch.tensor_of(torch, c).to(o.dtype) for o, c in pairs],
+                    create_graph=True,
+                    allow_unused=True,
+                )
+                total = sum(
+                    (g * _torch.tensor_of(torch, d).to(g.dtype)).sum()
+                    for g, d in zip(first, directions)
+                    if g is not None and g.requires_grad
+                )
+                theirs = (
+                    [None] * len(wanted)
+                    if not isinstance(total, torch.Tensor)
+                    else torch.autograd.grad(total, wanted, allow_unused=True)
+                )
+        except Exception as err:  # noqa: BLE001 - the original can't be differentiated twice: listed
+            report.checks.remove(check)
+            report.not_compared.append(
+                f"second derivative not compared: the original raised {type(err).__name__} "
+                f"({(str(err).splitlines() or [''])[0]})"
+            )
+            return
+        computed = _computed_saves(torch, out, given)
+
+        def first_order(*chosen: Any) -> Any:
+            value, pullback = jax.vjp(self.port_of(self.diff), *chosen)
+            leaves, treedef = jax.tree_util.tree_flatten(value)
+            cts = [jax.numpy.asarray(c, leaf.dtype) for leaf, c in zip(leaves, cotangents)]
+            grads = pullback(jax.tree_util.tree_unflatten(treedef, cts))
+            return sum((g * jax.numpy.asarray(d, g.dtype)).sum() for g, d in zip(grads, directions))
+
+        try:
+            ours = jax.grad(first_order, argnums=tuple(range(len(self.diff))))(*[self.leaves[i] for i in self.diff])
+        except Exception as err:  # noqa: BLE001 - the port's second derivative raised: a row
+            self.raised(report, check, err, "second derivatives")
+            return
+        before = len(report.rows)
+        for i, a, b in zip(self.diff, ours, theirs):
+            b = np.zeros(np.shape(a)) if b is None else _numpy(torch, b)
+            self.values(report, check, f"parameter '{self.labels[i]}'", np.asarray(a), b)
+        if len(report.rows) > before and computed:
+            report.notes.append(_NOT_THROUGH)
 
     # -- locating --------------------------------------------------------------------------------
-    def leaves(self, report: Report, check: str, what: str, ours: list[Any], theirs: list[Any], single=False) -> None:
+    def leaves_of(self, report: Report, check: str, what: str, ours: list[Any], theirs: list[Any]) -> None:
         if len(ours) != len(theirs):
             report.rows.append(Row(check, f"{what}s", None, f"{len(ours)} outputs", f"{len(theirs)} outputs"))
             return
         for k, (a, b) in enumerate(zip(ours, theirs)):
-            where = what if single else f"{what} {k}"
-            self.values(report, check, where, np.asarray(a), _numpy(b))
+            self.values(report, check, f"{what} {k}", np.asarray(a), _numpy(self.torch, b))
+
+    def tolerance(self, a: np.dtype, b: np.dtype) -> tuple[float, float]:
+        size = min(_real_size(a), _real_size(b)) if _kind(a) in "fc" else 8
+        if self.narrow is not None:
+            size = min(size, _real_size(self.narrow))
+        rtol, atol = _TOLERANCES.get(size, _TOLERANCES[8])
+        return (self.rtol if self.rtol is not None else rtol), (self.atol if self.atol is not None else atol)
 
     def values(self, report: Report, check: str, where: str, a: np.ndarray, b: np.ndarray) -> None:
         if a.shape != b.shape:
             report.rows.append(Row(check, where, None, f"shape {a.shape}", f"shape {b.shape}"))
             return
         narrowed = _narrowed(a.dtype, b.dtype)
-        if a.dtype != b.dtype and not narrowed and a.dtype.kind != b.dtype.kind:
+        if a.dtype != b.dtype and not narrowed and _kind(a.dtype) != _kind(b.dtype):
             report.rows.append(Row(check, where, None, f"dtype {a.dtype}", f"dtype {b.dtype}"))
             return
         if narrowed:
             note = f"{check}, {where}: {a.dtype} where the original has {b.dtype}, JAX's 32-bit default (x64 off)"
             if note not in report.notes:
                 report.notes.append(note)
-        itemsize = min(a.dtype.itemsize, b.dtype.itemsize) if a.dtype.kind in "fc" else 8
-        if a.dtype.kind == "c":
-            itemsize //= 2
-        rtol, atol = _TOLERANCES.get(itemsize, _TOLERANCES[8])
-        rtol, atol = self.rtol if self.rtol is not None else rtol, self.atol if self.atol is not None else atol
-        close = np.isclose(a, b.astype(a.dtype) if a.dtype.kind in "fc" else b, rtol=rtol, atol=atol, equal_nan=True)
+        rtol, atol = self.tolerance(a.dtype, b.dtype)
+        if _kind(a.dtype) in "fc":
+            wide = np.complex128 if "c" in (_kind(a.dtype), _kind(b.dtype)) else np.float64
+            a, b = a.astype(wide), b.astype(wide)
+        close = np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
         if not np.all(close):
             index = tuple(int(i) for i in np.argwhere(~close)[0])
             report.rows.append(Row(check, where, index, a[index].item(), b[index].item()))
 
 
-def _takes(torch: Any, function: Any, count: int, kwargs: dict[str, Any]) -> bool:
+def _computed_saves(torch: Any, outputs: list[Any], inputs: list[Any]) -> bool:
+    """Whether the original's ctx holds a tensor its forward computed (neither an input nor an
+    output, so without autograd history): PyTorch does not differentiate through it again."""
+    node = next((o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None), None)
+    if node is None:
+        return False
+    try:
+        saved = list(node.saved_tensors)
+    except RuntimeError:
+        saved = []
+    saved += [v for v in vars(node).values() if isinstance(v, torch.Tensor)] if hasattr(node, "__dict__") else []
+    known = {id(t) for t in (*outputs, *inputs)}
+    return any(id(t) not in known and not t.requires_grad and t.is_floating_point() for t in saved)
+
+
+def _random(rng: np.random.Generator, shape: tuple, complex_: bool) -> np.ndarray:
+    return rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if complex_ else 0)
+
+
+def _label(path: tuple, names: list[str]) -> str:
+    """A leaf's name: the parameter (by position from the original's forward, or the keyword), then
+    its key path inside that argument."""
+    top, key, *rest = path
+    head = str(key.key) if top.idx == 1 else (names[key.idx] if key.idx < len(names) else f"args[{key.idx}]")
+    return head + keystr(tuple(rest))
+
+
+def _kind(dtype: np.dtype) -> str:
+    """'c', 'f' (bfloat16 and float8 too, which NumPy calls 'V'), or NumPy's kind."""
+    if np.issubdtype(dtype, np.complexfloating):
+        return "c"
+    return "f" if jax.numpy.issubdtype(dtype, jax.numpy.floating) else dtype.kind
+
+
+def _real_size(dtype: np.dtype) -> int:
+    """Bytes of one real number of ``dtype`` (a complex number's part)."""
+    return dtype.itemsize // 2 if _kind(dtype) == "c" else dtype.itemsize
+
+
+def _takes(torch: Any, function: Any, treedef: Any, kwargs: dict[str, Any]) -> bool:
     """Whether a PyTorch Function's forward takes a call's arguments: after ctx, or alone where
     the Function has setup_context (PyTorch 2's form)."""
     try:
         signature = inspect.signature(function.forward)
     except (TypeError, ValueError):
         return True
+    count = len(treedef.children()[0].children())
     first = () if function.setup_context is not torch.autograd.Function.setup_context else (None,)
     try:
         signature.bind(*first, *[None] * count, **kwargs)
@@ -388,12 +626,13 @@ def _is_array(value: Any) -> bool:
 
 
 def _is_inexact(value: Any) -> bool:
-    return _is_array(value) and np.issubdtype(value.dtype, np.inexact)
+    return _is_array(value) and jax.numpy.issubdtype(value.dtype, jax.numpy.inexact)  # bfloat16 too
 
 
-def _numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):
-        return value.detach().resolve_conj().cpu().numpy()
+def _numpy(torch: Any, value: Any) -> np.ndarray:
+    """A tensor (or array) as a NumPy array, by ``from_torch``'s conversion."""
+    if isinstance(value, torch.Tensor):
+        return np.asarray(_torch.array_of(torch, value))
     return np.asarray(value)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -225,6 +225,26 @@ def _out_of_range(what: str, index: int, count: int, per: str) -> str:
     return f"{what}[{index}] is out of range: it has {entries}, one per {per}, so {positions}"
 
 
+class Marked(list):
+    """The outputs forward marked with ``ctx.mark_non_differentiable``, and how messages name each
+    (``named``, by id): its argument position, and the parameter of forward it is, if it is one."""
+
+    def __init__(self, values: Iterable[Any] = ()) -> None:
+        super().__init__(values)
+        self.named: dict[int, str] = {}
+
+
+def _marked_name(position: int, value: Any, parameters: tuple[Sequence[str], Sequence[Any]]) -> str:
+    """'argument 1 (forward's input 'order')': a value given to ``mark_non_differentiable``."""
+    for name, given in zip(*parameters):
+        paths = jax.tree_util.tree_flatten_with_path(given, is_leaf=lambda leaf: leaf is value)[0]
+        for path, leaf in paths:
+            if leaf is value:
+                return f"argument {position} (forward's input '{name}{jax.tree_util.keystr(path)}')"
+    what = f"an array of shape {tuple(value.shape)}" if hasattr(value, "shape") else type_name(value)
+    return f"argument {position} ({what})"
+
+
 @dataclasses.dataclass(slots=True)
 class _State:
     """The context's own state, apart from the user's attributes."""
@@ -238,10 +258,11 @@ class _State:
     named: dict[str, Any] = dataclasses.field(default_factory=dict)
     forward_positional: tuple[Any, ...] = ()  # ctx.save_for_forward: what a user's jvp reads
     forward_named: dict[str, Any] = dataclasses.field(default_factory=dict)
-    non_differentiable: list[Any] = dataclasses.field(default_factory=list)
+    non_differentiable: Marked = dataclasses.field(default_factory=Marked)
     materialize: bool = True
     perturbed: tuple[bool, ...] = ()  # per array input: whether JAX differentiates it (forward only)
     replaced: tuple[str, ...] = ()  # names an earlier save_for_backward saved and a later one dropped
+    parameters: tuple[Sequence[str], Sequence[Any]] = ((), ())  # forward's, by name (forward only)
 
     def holding(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
         """A copy past forward, without the call's inputs, holding these saved values: ``()`` and
@@ -355,7 +376,12 @@ class Context:
           *outputs: output arrays, the very objects forward returns.
         """
         self._forward_only("mark_non_differentiable")
-        self._state.non_differentiable.extend(outputs)
+        marked = self._state.non_differentiable
+        if not isinstance(marked, Marked):  # a state copied with a plain list
+            marked = self._state.non_differentiable = Marked(marked)
+        for position, value in enumerate(outputs):
+            marked.append(value)
+            marked.named.setdefault(id(value), _marked_name(position, value, self._state.parameters))
 
     def set_materialize_grads(self, value: bool) -> None:
         """With `False`, cotangents that carry no gradient reach backward as `None`.
@@ -466,11 +492,16 @@ class Context:
     def _end_forward(self) -> None:
         self._state.in_forward = False
         self._state.inputs = ()
+        self._state.parameters = ((), ())
+
+    def _bind_parameters(self, names: Sequence[str], values: Sequence[Any]) -> None:
+        """Forward's parameters by name, while it runs (what ``mark_non_differentiable`` names)."""
+        self._state.parameters = (names, values)
 
     # -- crossing from forward to backward -------------------------------------------------
-    def to_residuals(self, crosses: Callable[[Any], bool] = lambda leaf: isinstance(leaf, jax.Array)) -> tuple[
-        list[Any], Remainder
-    ]:
+    def to_residuals(
+        self, crosses: Callable[[Any], bool] = lambda leaf: isinstance(leaf, jax.Array)
+    ) -> tuple[list[Any], Remainder]:
         """What the context holds, split into the values that cross as residuals (JAX arrays; for a
         host forward, every value) and a static remainder; each residual named (``save_names``)."""
         state = self._state
@@ -505,7 +536,13 @@ def _save_name(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]]) -> s
     then its key path inside a saved pytree (``params.w``)."""
     group, index = path[0].idx, path[1].idx
     head = str(index) if group == 0 else names[group - 1][index]
-    return ".".join([head, *(_key_text(key) for key in path[2:])])
+    parts = [_key_text(key) for key in path[2:]]
+    if group == 2 and head == CLOSED_OVER and parts:  # a closed-over value: named as the parameter it became
+        return ".".join(parts)
+    return ".".join([head, *parts])
+
+
+CLOSED_OVER = "jaxfn_closed_over"  # the ctx attribute holding what forward and backward close over (SPEC 15)
 
 
 def _key_text(key: Any) -> str:

@@ -10,9 +10,11 @@ what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck: '<functi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import jax
+from jax.core import Tracer
 
 
 class AutogradFunctionError(Exception):
@@ -44,6 +46,12 @@ class AutogradFunctionValueError(AutogradFunctionError, ValueError):
 
 class ContextAttributeError(AutogradFunctionError, AttributeError):
     """An unknown name read from the context; also an ``AttributeError`` so ``hasattr`` works."""
+
+
+class ArrayAttributeError(AutogradFunctionError, AttributeError):
+    """A PyTorch tensor method used on a JAX or NumPy array inside forward or backward (`x.cpu()`,
+    `x.le(0)`, `x.mul_(2)`); the message gives its JAX (or NumPy) spelling. Also an
+    `AttributeError`, as Python's own error was."""
 
 
 class ContextKeyError(AutogradFunctionError, KeyError):
@@ -160,24 +168,73 @@ _WHAT = {
     "whose result's size depends on the values",
 }
 _FIX = {
-    jax.errors.NonConcreteBooleanIndexError: "use jnp.where in place of the mask: a masked update (R's "
-    "x[x < 0] <- 0) is jnp.where(x < 0, 0, x), a masked read (x[x > 0].sum()) is jnp.where(x > 0, x, 0).sum()",
+    jax.errors.NonConcreteBooleanIndexError: "for a masked update or read, use jnp.where in place of the mask: a "
+    "masked update (R's x[x < 0] <- 0) is jnp.where(x < 0, 0, x), a masked read (x[x > 0].sum()) is "
+    "jnp.where(x > 0, x, 0).sum(); for a compaction whose rows are the output (x[mask] returned, "
+    "x.masked_select(mask)), give the output a fixed size n (an upper bound, such as mask.size) and pad it: "
+    "(i,) = jnp.nonzero(mask, size=n, fill_value=0); rows = jnp.where((jnp.arange(n) < mask.sum())[:, None], "
+    "x[i], 0), and return mask.sum() too if the caller needs the count",
     jax.errors.TracerArrayConversionError: "use jax.numpy instead of NumPy, or make it host code with "
     "host=True (autograd_function(..., host=True), or host = True on a jaxfn.Function), which runs NumPy "
     "forward and backward through jax.pure_callback",
 }
 _DEFAULT_FIX = (
-    "keep values as arrays: branch with jnp.where(condition, a, b) or jax.lax.cond, convert with x.astype(...), "
-    "and branch in Python only on static arguments (Python numbers, strings) and shapes; for NumPy code, use "
-    "host=True"
+    "keep values as arrays: branch with jnp.where(condition, a, b) or jax.lax.cond, convert with x.astype(...); "
+    "where the value comes from a Python flag or number passed through jax.jit (traced, so an array too), mark "
+    "that argument static where jax.jit is applied: jax.jit(f, static_argnames=('name',)) or "
+    "static_argnums=(position,); for NumPy code, use host=True"
+)
+_STATIC_FIX = (
+    "but '{name}' is traced ({aval}), an abstract array whose value is known only when the compiled program runs "
+    "(a Python flag or number passed through jax.jit arrives so); mark it static where jax.jit is applied: "
+    "jax.jit(f, static_argnames=('{name}',)) (by the name the jitted f gives it) or static_argnums=(its "
+    "position,){differentiated}"
+)
+_IF_DIFFERENTIATED = (
+    "; if it is a value being differentiated, keep it an array instead: jnp.where(condition, a, b) or jax.lax.cond"
 )
 
 
-def tracer_error_help(role: str, err: BaseException) -> str | None:
+def tracer_error_help(role: str, err: BaseException, parameter: tuple[str, Any] | None = None) -> str | None:
     """jaxfn's sentence for a tracer error raised in the user's ``role`` ('forward',
-    'backward'...); None for any other exception."""
+    'backward'...); None for any other exception. ``parameter``: the name and value of forward's
+    argument whose value JAX was asked for (``concretized`` found it), named with the
+    ``static_argnames`` fix."""
     kind = next((k for k in type(err).__mro__ if k in _WHAT), None)
     if kind is None:
         return None
-    why = _WHY.format(role=role)
-    return f"{role} {_WHAT[kind]}, but {why}; {_FIX.get(kind, _DEFAULT_FIX)}"
+    if parameter is None or kind is jax.errors.NonConcreteBooleanIndexError:
+        return f"{role} {_WHAT[kind]}, but {_WHY.format(role=role)}; {_FIX.get(kind, _DEFAULT_FIX)}"
+    name, value = parameter
+    flag = jax.numpy.issubdtype(value.dtype, jax.numpy.integer) or jax.numpy.issubdtype(value.dtype, jax.numpy.bool_)
+    fix = _STATIC_FIX.format(name=name, aval=f"{value.dtype}[]", differentiated="" if flag else _IF_DIFFERENTIATED)
+    return f"{role} {_WHAT[kind]}: its argument '{name}', {fix}"
+
+
+def concretized(err: BaseException) -> Any:
+    """The tracer whose concrete value ``err`` (a tracer error) asked for, where it can be told; else
+    None.
+
+    JAX raises these errors in a frame that was handed the tracer (``Tracer.__bool__``'s
+    ``self``, ``concrete_or_error``'s ``val``, a shape tuple holding it): the innermost frame of the
+    traceback that holds a tracer (in a local, or a tuple or list a local is) holds it. Where that
+    frame holds more than one, which one is not known: None. A guess about JAX's code that fails
+    safe (None: the message says the fix in general), checked by the tests on every JAX the
+    package allows."""
+    frames = []
+    trace = err.__traceback__
+    while trace is not None:
+        frames.append(trace.tb_frame)
+        trace = trace.tb_next
+    for frame in reversed(frames):
+        held = {id(t): t for t in _tracers_in(frame.f_locals.values())}
+        if held:
+            return next(iter(held.values())) if len(held) == 1 else None
+    return None
+
+
+def _tracers_in(values: Iterable[Any]) -> Iterator[Any]:
+    for value in values:
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, Tracer):
+                yield item

@@ -12,6 +12,7 @@ import jax
 from . import (
     _anomaly,
     _arguments,
+    _context,
     _eager,
     _finite_differences,
     _forward_mode,
@@ -247,7 +248,7 @@ class AutogradFunction:
         return info.rebuild([next(flags) for _ in info.avals])
 
 
-_CLOSED_OVER = "jaxfn_closed_over"  # the ctx attribute holding what forward and backward close over
+_CLOSED_OVER = _context.CLOSED_OVER
 
 
 def _undecorated(function: Any) -> Any:

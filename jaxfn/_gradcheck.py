@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -23,7 +25,40 @@ from ._errors import (
     gradcheck_of,
     type_name,
 )
-from ._function import AutogradFunction
+from ._function import AutogradFunction, Function
+from ._jax_private import refused_forward_mode
+from ._keys import Unkeyable, static_key, structure_key
+from ._rule import FORWARD_MODE_HELP, plain_forward
+
+
+@dataclasses.dataclass
+class GradcheckReport:
+    """What ``jaxfn.gradcheck`` checked: true when every check that ran passed.
+
+    ``ran``: the checks run, each against ``forward`` itself (run without any of the user's
+    rules); ``not_run``: the checks that could not run or were not asked for, each with why;
+    ``failure``: the first disagreement's message (``None`` when every check passed).
+    ``str(report)`` lists all three.
+    """
+
+    name: str
+    ran: list[str] = dataclasses.field(default_factory=list)
+    not_run: list[str] = dataclasses.field(default_factory=list)
+    failure: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.failure is None
+
+    def __str__(self) -> str:
+        checks = f"{len(self.ran)} check{'' if len(self.ran) == 1 else 's'}"
+        head = f"jaxfn.gradcheck '{self.name}': " + (f"passes ({checks})" if self else f"fails ({checks} ran)")
+        lines = [head, *(f"ran: {check}" for check in self.ran), *(f"not run: {why}" for why in self.not_run)]
+        if self.failure is not None:
+            lines.append(f"failed: {self.failure}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def gradcheck(
@@ -37,8 +72,24 @@ def gradcheck(
     check_forward_ad: bool | None = None,
     check_batched_grad: bool | None = None,
     **kwargs: Any,
-) -> bool:
-    """Check the gradients of `fn` (its custom backward) against central finite differences.
+) -> GradcheckReport:
+    """Check every rule of `fn` (backward, and its jvp and vmap rules) against `forward` itself.
+
+    Each check compares a rule with `forward` run without any of the user's rules (no custom
+    backward, jvp or vmap rule, in `fn` or in the jaxfn functions it calls), so two rules that
+    agree with each other but not with forward fail:
+
+    - backward (always): the whole Jacobian `jax.vjp` gives against central finite differences of
+      forward, for every input differentiated and each one alone (a backward may branch on
+      `ctx.needs_input_grad`);
+    - forward mode (a `jvp` rule, or the one `forward_mode=True` derives): `jax.jvp` along a
+      random direction per leaf against finite differences of forward;
+    - batching (a `vmap` rule): `jax.vmap` over three nearby inputs against a Python loop of
+      forward, and the gradient under `jax.vmap` against backward one input at a time.
+
+    By default every rule the function has is checked; for a callable that is not itself a jaxfn
+    function (a `lambda` around one), forward mode is checked where `jax.jvp` of it is not
+    refused, and batching always. The report says which checks ran and which could not (and why).
 
     Every floating-point or complex leaf of every argument is checked (arrays of any precision,
     bfloat16 and float8 included, and Python and NumPy float scalars: they are the values to
@@ -51,12 +102,12 @@ def gradcheck(
     call with nothing to check (no floating leaf, or no differentiable output) raises.
 
     Cost: up to 4M entries (and 8,192 inputs or outputs), the whole Jacobian is compared
-    element by element: backward's (one VJP per output element) and central differences' (two
-    calls per input element), each side one `vmap` batch run eagerly, so every JAX operation
-    compiles once per shape however long the function's unrolled loops are (a function that
-    can't be batched is evaluated one element at a time). Above it, the outputs are reduced to
-    one scalar with a fixed random cotangent and each leaf is checked along one random direction
-    (two evaluations of `fn` and one gradient); only a leaf that fails is located element by
+    element by element. The finite differences (two evaluations of forward per input element)
+    are one program, compiled once per call structure (the function, the arguments' shapes,
+    dtypes and Python values) and kept for the next call; backward's side runs forward once and
+    backward as one `vmap` batch over the output elements. Above that size, the outputs are
+    reduced to one scalar with a fixed random cotangent and each leaf is checked along one
+    random direction (PyTorch's fast mode); only a leaf that fails is located element by
     element. `order=2` repeats the check for the derivative of backward (reverse over reverse),
     along random directions.
 
@@ -64,35 +115,44 @@ def gradcheck(
     through a `lambda`.
 
     Args:
-      fn: a jaxfn function, or any JAX-differentiable callable.
+      fn: a jaxfn function (a `Function` subclass or its `apply`), or any JAX-differentiable callable.
       *args: the positional arguments to call `fn` with.
       eps: the finite-difference step (default `1e-6`).
       atol: the absolute tolerance (default `1e-5`): a gradient passes where
         `|analytical - numerical| <= atol + rtol * |numerical|`.
       rtol: the relative tolerance (default `1e-3`), as in the formula of `atol`.
       order: 1 (the default) checks backward; 2 also checks the derivative of backward.
-      raise_exception: raise on failure (the default, `True`), or return `False`.
-      check_forward_ad: also check forward mode (a `jvp` rule, or the one `forward_mode=True`
-        derives): each leaf's directional derivative from `jax.jvp` against finite differences.
-      check_batched_grad: also check the function under `jax.vmap`: the outputs and gradients of
-        a batch of three inputs (`x` and two nearby points) against the same computed one
-        example at a time (a `vmap` rule, and backward under `vmap`).
+      raise_exception: raise on failure (the default, `True`), or return the failing report.
+      check_forward_ad: `None` (the default): check forward mode where the function has a
+        forward-mode rule; `True`: check it (a function without one is an error, as `jax.jvp`
+        of it is); `False`: don't.
+      check_batched_grad: `None` (the default): check `jax.vmap` where the function has a vmap
+        rule (or is not a jaxfn function); `True`: check it for any function; `False`: don't.
       **kwargs: the keyword arguments to call `fn` with.
 
     Returns:
-      `True` when every check passes (`False` on failure with `raise_exception=False`).
+      A report, true when every check that ran passed (false, with the failure, where one failed
+      and `raise_exception=False`); `str(report)` lists the checks that ran and those that could
+      not, with why.
 
     Raises:
-      GradcheckError: naming the parameter (and pytree key path), the worst element's index,
-        the analytical and numerical values, and the tolerance; or saying that nothing could
-        be checked, or that an option is also a parameter of `fn`.
+      GradcheckError: naming the check, the parameter (and pytree key path), the worst element's
+        index, the analytical and numerical values, and the tolerance; or saying that nothing
+        could be checked, or that an option is also a parameter of `fn`.
       AutogradFunctionError: for an `order` other than 1 or 2.
 
     >>> import jax.numpy as jnp, jaxfn
     >>> square = jaxfn.autograd_function(lambda ctx, x: (ctx.save_for_backward(x), x**2)[1],
-    ...                                  lambda ctx, g: g * 2 * ctx.saved_tensors[0])
-    >>> jaxfn.gradcheck(square, jnp.array([1.0, 2.0]))
+    ...                                  lambda ctx, g: g * 2 * ctx.saved_tensors[0], name="square")
+    >>> report = jaxfn.gradcheck(square, jnp.array([1.0, 2.0]))
+    >>> bool(report)
     True
+    >>> print(report)  # doctest: +NORMALIZE_WHITESPACE
+    jaxfn.gradcheck 'square': passes (1 check)
+    ran: backward against finite differences of forward
+    not run: forward mode: the function has no jvp rule (and not forward_mode=True)
+    not run: batching: the function has no vmap rule (jax.vmap batches forward's own operations)
+    not run: order 2: not asked for (order=2 checks the derivative of backward)
     """
     options = {
         "eps": eps,
@@ -110,6 +170,8 @@ def gradcheck(
             f"gradcheck takes the function first, then its arguments (gradcheck(f, x)), but got {type_name(fn)} "
             "as the function",
         )
+    if isinstance(fn, type) and issubclass(fn, Function):
+        fn = fn.apply  # the class, as jaxfn.compare takes it
     _refuse_ambiguous_options(fn, [name for name, value in options.items() if value is not None])
     for option, value in (("eps", eps), ("atol", atol), ("rtol", rtol)):
         if value is not None and (not is_real_number(value) or not value >= 0 or (option == "eps" and value == 0)):
@@ -123,15 +185,14 @@ def gradcheck(
     order, raise_exception = 1 if order is None else order, True if raise_exception is None else raise_exception
     if order not in (1, 2):
         raise error(AutogradFunctionValueError, gradcheck_of(_name(fn)), f"order must be 1 or 2, but got {order!r}")
+    report = GradcheckReport(_name(fn))
     try:
         with jax.enable_x64(True):  # JAX's context manager: restores whatever setting (or context) was in force
-            return _gradcheck(
-                fn, args, kwargs, eps, atol, rtol, order, bool(check_forward_ad), bool(check_batched_grad)
-            )
-    except GradcheckError:
+            _gradcheck(fn, args, kwargs, eps, atol, rtol, order, check_forward_ad, check_batched_grad, report)
+    except GradcheckError as err:
         if raise_exception:
             raise
-        return False
+        report.failure = str(err)
     except AutogradFunctionError as err:  # PyTorch's gradcheck(f, (x, y)) form: said where it fails
         if len(args) == 1 and isinstance(args[0], (tuple, list)) and not kwargs and err.args:
             err.args = (
@@ -140,6 +201,7 @@ def gradcheck(
                 *err.args[1:],
             )
         raise
+    return report
 
 
 def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
@@ -160,7 +222,7 @@ def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
         )
 
 
-def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batched_grad=False) -> bool:
+def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_grad, report) -> None:
     who = gradcheck_of(_name(fn))  # what every message opens with
     with_paths, treedef = tree_flatten_with_path((args, kwargs))
     labels = _labels(fn, args, [path for path, _ in with_paths])
@@ -178,18 +240,11 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batch
     if not checked:
         raise error(GradcheckError, who, _EMPTY_INPUTS if floating else _NO_INPUTS)
     rng = np.random.default_rng(0)
-
-    def call(diff: list[Any]) -> Any:
-        full = list(leaves)
-        for i, value in zip(checked, diff):
-            full[i] = value
-        call_args, call_kwargs = tree_unflatten(treedef, full)
-        return fn(*call_args, **call_kwargs)
-
+    select, flags = _outputs_to_check(fn, args, kwargs, leaves, treedef)
+    call = _Call(fn, treedef, leaves, checked, select)
     x0 = [leaves[i] for i in checked]
-    select = _outputs_to_check(fn, args, kwargs, leaves, treedef)
     checked_labels = [f"'{labels[i]}'" for i in checked]
-    out_shapes = jax.eval_shape(lambda diff: select(call(diff)), x0)
+    out_shapes = jax.eval_shape(call, x0)
     if not out_shapes:
         raise error(
             GradcheckError,
@@ -197,36 +252,116 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad=False, batch
             "there is nothing to check: no output is floating-point or complex and differentiable with at least "
             "one element, so no gradient flows back",
         )
+    plain = _plain(call)  # forward itself: no custom rule, in fn or in the jaxfn functions it calls
     inputs = sum(2 * np.size(x) if jnp.iscomplexobj(x) else np.size(x) for x in x0)
     outputs = sum(2 * np.prod(o.shape) if jnp.iscomplexobj(o) else np.prod(o.shape) for o in out_shapes)
     # Every input differentiated, then each one alone (the others held constant): a backward may
     # branch on ctx.needs_input_grad, and each pattern a user's jax.grad can make is checked.
     alone = [[k] for k in range(len(x0))] if len(x0) > 1 else []
     patterns = [list(range(len(x0))), *alone]
-    checked_outputs = lambda diff: select(call(diff))  # noqa: E731
+    forward_mode, batching = _rules_to_check(fn, forward_ad, batched_grad, report)
+    report.ran.append("backward against finite differences of forward")
     if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
-        _check_jacobians(checked_outputs, x0, patterns, checked_labels, eps, atol, rtol, who)
+        program = _finite_differences_program(call, flags)
+        _check_jacobians(call, plain, program, x0, patterns, checked_labels, eps, atol, rtol, who)
     else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
         for which in patterns:
-            restricted = functools.partial(_restricted, checked_outputs, x0, which)
             sub_x0 = [x0[k] for k in which]
             sub_labels = [checked_labels[k] + (_ALONE if len(which) == 1 and alone else "") for k in which]
             cotangent = _random_like(rng, out_shapes)
-            scalar = lambda diff, f=restricted, c=cotangent: _vdot(c, f(diff))  # noqa: E731
-            _check(scalar, sub_x0, sub_labels, eps, atol, rtol, rng, "", who)
+            scalar, reference = (
+                lambda diff, f=f, c=cotangent, w=which: _vdot(c, _restricted(f, x0, w, diff)) for f in (call, plain)
+            )
+            _check(scalar, reference, sub_x0, sub_labels, eps, atol, rtol, rng, "", who)
+    if forward_mode is not None:
+        cotangent = _random_like(rng, out_shapes)
+        scalar, reference = (lambda diff, f=f: _vdot(cotangent, f(diff)) for f in (call, plain))
+        if _check_forward(scalar, reference, x0, checked_labels, eps, atol, rtol, rng, who, forward_ad is None):
+            report.ran.append(f"{forward_mode} against finite differences of forward")
+        else:
+            report.not_run.append(f"{forward_mode}: a jaxfn function it calls has no forward-mode rule")
+    if batching is not None:
+        _check_batched(call, plain, x0, checked_labels, out_shapes, atol, rtol, rng, who)
+        report.ran.append(f"{batching} against a loop of forward, and backward under jax.vmap")
     if order == 2:
         cotangent = _random_like(rng, out_shapes)
-        scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
+        scalar = lambda diff: _vdot(cotangent, call(diff))  # noqa: E731
         u = _random_like(rng, x0)
         second = lambda diff: _vdot(u, jax.grad(scalar)(diff))  # noqa: E731
-        _check(second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)", who)
-    if forward_ad:
-        cotangent = _random_like(rng, out_shapes)
-        scalar = lambda diff: _vdot(cotangent, select(call(diff)))  # noqa: E731
-        _check_forward(scalar, x0, checked_labels, eps, atol, rtol, rng, who)
-    if batched_grad:
-        _check_batched(lambda diff: select(call(diff)), x0, checked_labels, out_shapes, atol, rtol, rng, who)
-    return True
+        _check(second, second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)", who)
+        report.ran.append("order 2: the derivative of backward against finite differences of backward")
+    else:
+        report.not_run.append("order 2: not asked for (order=2 checks the derivative of backward)")
+
+
+def _rules_to_check(fn, forward_ad, batched_grad, report) -> tuple[str | None, str | None]:
+    """Which of forward mode and batching to check (what each check is called), by default the
+    rules the function has; what is not checked goes into ``report.not_run`` with why."""
+    target = _jaxfn_function(fn)
+    if target is None:
+        forward_mode = None if forward_ad is False else "forward mode (jax.jvp)"
+        batching = None if batched_grad is False else "jax.vmap"
+    else:
+        has_jvp, derived = target._definition.jvp is not None, target.forward_mode
+        rule = "the jvp rule" if has_jvp else "forward mode derived from backward (forward_mode=True)"
+        forward_mode = rule if forward_ad or (forward_ad is None and (has_jvp or derived)) else None
+        if forward_ad is None and not (has_jvp or derived):
+            report.not_run.append("forward mode: the function has no jvp rule (and not forward_mode=True)")
+        has_vmap = target._definition.vmap is not None
+        batching = None
+        if batched_grad or (batched_grad is None and has_vmap):
+            batching = "the vmap rule" if has_vmap else "jax.vmap"
+        elif batched_grad is None:
+            report.not_run.append("batching: the function has no vmap rule (jax.vmap batches forward's own operations)")
+    if forward_ad is False:
+        report.not_run.append("forward mode: turned off (check_forward_ad=False)")
+    if batched_grad is False:
+        report.not_run.append("batching: turned off (check_batched_grad=False)")
+    return forward_mode, batching
+
+
+class _Call:
+    """``fn`` as a function of the checked leaves (the other arguments as given), giving the
+    outputs to check; ``with_others`` calls it with the other array leaves replaced."""
+
+    def __init__(self, fn, treedef, leaves, checked, select):
+        self.fn, self.treedef, self.leaves, self.checked, self.select = fn, treedef, leaves, checked, select
+        self.others = [i for i, leaf in enumerate(leaves) if _is_array(leaf) and i not in checked]
+
+    def __call__(self, diff: list[Any]) -> list[Any]:
+        return self.with_others([self.leaves[i] for i in self.others], diff)
+
+    def with_others(self, others: list[Any], diff: list[Any]) -> list[Any]:
+        full = list(self.leaves)
+        for i, value in (*zip(self.others, others), *zip(self.checked, diff)):
+            full[i] = value
+        call_args, call_kwargs = tree_unflatten(self.treedef, full)
+        return self.select(self.fn(*call_args, **call_kwargs))
+
+    def key(self, flags: Any) -> Any:
+        """What the call's compiled programs are kept under: the function, the structure, the
+        arrays' shapes and dtypes and the Python values (strictly keyed); None where one of them
+        can't be a key."""
+        try:
+            hash(self.fn)
+            statics = tuple(
+                (np.shape(leaf), str(np.asarray(leaf).dtype)) if _is_array(leaf) else static_key(leaf)
+                for leaf in self.leaves
+            )
+            return (self.fn, structure_key(self.treedef), statics, tuple(self.checked), flags)
+        except (TypeError, Unkeyable):
+            return None
+
+
+def _plain(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f`` with every jaxfn function it calls running its forward's operations, no custom rule
+    (backward, jvp, vmap): the reference every check compares a rule against."""
+
+    def plain(*args: Any) -> Any:
+        with plain_forward():
+            return f(*args)
+
+    return plain
 
 
 _ALONE = " (differentiated alone, the other inputs held constant)"
@@ -258,35 +393,77 @@ JACOBIAN_SIDE = 8192  # and at most this many inputs or outputs: one VJP per out
 _CHUNK = 1 << 20  # entries computed per vmapped batch
 
 
-def _check_jacobians(f, x0, patterns, labels, eps, atol, rtol, who) -> None:
-    """Every element of the Jacobian of the real view of ``f``: backward's against central finite
-    differences, for each pattern of differentiated inputs (``patterns``, in order). Complex
-    inputs and outputs are split into real and imaginary parts, so JAX's convention for complex
-    gradients is checked as a real Jacobian.
-
-    The finite differences do not depend on which inputs are differentiated: computed once. Both
-    sides are ``vmap`` batches run eagerly, op by op: each operation compiles once per shape, so
-    the cost does not grow with the function's length (compiling a whole unrolled 50-step loop
-    takes seconds on a CPU, each time). Every batch has one length and moves every input (by
-    zero for backward), so forward's operations keep one shape throughout."""
+def _check_jacobians(call, plain, program, x0, patterns, labels, eps, atol, rtol, who) -> None:
+    """Every element of the Jacobian of the real view of ``call``: backward's against central
+    finite differences of forward (``program``, run without any custom rule), for each pattern
+    of differentiated inputs (``patterns``, in order). Complex inputs and outputs are split into
+    real and imaginary parts, so JAX's convention for complex gradients is checked as a real
+    Jacobian. The finite differences do not depend on which inputs are differentiated: computed
+    once."""
     parts = [(k, part) for k, x in enumerate(x0) for part in (("real", "imag") if jnp.iscomplexobj(x) else (None,))]
     r0 = [jnp.real(x0[k]) if part == "real" else jnp.imag(x0[k]) if part == "imag" else x0[k] for k, part in parts]
-    size = int(jax.eval_shape(lambda r: _flat(f(_joined(x0, parts, r))), r0).shape[0])
+    size = int(jax.eval_shape(lambda r: _flat(call(_joined(x0, parts, r))), r0).shape[0])
     n = sum(int(np.size(r)) for r in r0)
-    chunk = max(1, min(max(2 * n, size), _CHUNK // max(n, size)))
-    numerical = _numerical_jacobian(f, x0, parts, r0, eps, chunk)  # one (elements, size) block per part
+    chunk = _chunk(n, size)
+    numerical = _numerical_jacobian(program, call, plain, x0, parts, r0, eps, chunk)
     for which in patterns:
         own = [j for j, (k, _) in enumerate(parts) if k in which]
-        analytical = _analytical_jacobian(f, x0, parts, r0, own, size, chunk)
+        analytical = _analytical_jacobian(call, x0, parts, r0, own, size, chunk)
         suffix = _ALONE if len(which) == 1 and len(patterns) > 1 else ""
         for j, ana in zip(own, analytical):
-            (k, part), shape, num = parts[j], np.shape(r0[j]), numerical[j]
-            if np.any(_excess(ana, num, atol, rtol) > 0):
-                # Located with finite differences one element at a time, op by op (compiling the whole
-                # function, as lax.map does, took minutes for a long unrolled loop on jax 0.10.0), so a
-                # failure never depends on the function's batching (check_batched_grad checks that).
-                num = numerical[j] = _numerical_one_by_one(f, x0, parts, r0, j, eps, mapped=False)
-            _compare(labels[k] + suffix, part, shape, ana, num, atol, rtol, who)
+            (k, part), shape = parts[j], np.shape(r0[j])
+            _compare(labels[k] + suffix, part, shape, ana, numerical[j], atol, rtol, who)
+
+
+def _chunk(n: int, size: int) -> int:
+    """How many rows one batch computes: every row where that fits in ``_CHUNK`` entries."""
+    return max(1, min(max(2 * n, size), _CHUNK // max(n, size)))
+
+
+_PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # the last _KEPT calls' programs
+_KEPT = 32
+_QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def _run(program: tuple[Any, Any], *args: Any) -> Any:
+    """The finite-difference program, compiled quickly where the backend takes the option."""
+    quick, usual = program
+    try:
+        return quick(*args)
+    except jax.errors.JaxRuntimeError as err:
+        if "compile option" not in str(err):
+            raise
+    return usual(*args)
+
+
+def _finite_differences_program(call: _Call, flags: Any) -> Any:
+    """One compiled program: forward, run without any custom rule, at a batch of moves of the
+    checked real parts, each row its flat outputs. Kept per call structure (``_Call.key``), so
+    the next check of the same function on arguments of the same shapes compiles nothing."""
+    key = call.key(flags)
+    program = _PROGRAMS.get(key) if key is not None else None
+    if program is None:
+
+        def perturbed(parts: tuple, others: list[Any], r0: list[Any], steps: list[Any]) -> Any:
+            values = [r + d for r, d in zip(r0, steps)]
+            with plain_forward():
+                return _flat(call.with_others(others, _joined([None] * len(call.checked), list(parts), values)))
+
+        batched = jax.vmap(perturbed, in_axes=(None, None, None, 0))
+        # XLA's optimization level 0: the program runs once or twice, so compiling it is most of its
+        # cost (an unrolled 50-step loop: 1 s instead of 2 s on a 2-core CPU); a backend without the
+        # option compiles it as usual (_run)
+        program = (
+            jax.jit(batched, static_argnums=0, compiler_options=_QUICK_COMPILE),
+            jax.jit(batched, static_argnums=0),
+        )
+        if key is not None:
+            _PROGRAMS[key] = program
+            while len(_PROGRAMS) > _KEPT:
+                _PROGRAMS.popitem(last=False)
+    else:
+        _PROGRAMS.move_to_end(key)
+    return program
 
 
 def _joined(x0: list[Any], parts: list[tuple], values: list[Any]) -> list[Any]:
@@ -314,31 +491,29 @@ def _steps(r0: list[Any], rows: np.ndarray, values: np.ndarray) -> list[np.ndarr
     return [moved[:, o : o + s].reshape((len(rows), *np.shape(r))) for r, s, o in zip(r0, sizes, offsets)]
 
 
-def _numerical_jacobian(f, x0, parts, r0, eps, chunk) -> list[np.ndarray]:
-    """Central differences of ``f`` along every real input element, one (elements, size) block per
-    part: the +eps and -eps evaluations of every element as one batch. A function whose batching
-    fails (a vmap rule that refuses) is evaluated one element at a time instead."""
+def _numerical_jacobian(program, call, plain, x0, parts, r0, eps, chunk) -> list[np.ndarray]:
+    """Central differences of forward along every real input element, one (elements, size) block
+    per part: the +eps and -eps evaluations of every element as one batch of ``program``. Where
+    that program can't be made (forward is host code, which a compiled program can't run
+    without its rules), forward is run one element at a time, as it is called."""
     sizes = [int(np.size(r)) for r in r0]
     n, offsets = sum(sizes), np.cumsum([0, *sizes])
-
-    def perturbed(steps: list[Any]) -> Any:
-        return _flat(f(_joined(x0, parts, [r + d for r, d in zip(r0, steps)])))
+    others = [call.leaves[i] for i in call.others]
 
     def batch(rows: np.ndarray) -> tuple:  # rows n to 2n - 1: the -eps moves
         return (_steps(r0, rows % n, np.where(rows < n, eps, -eps)),)
 
     try:
-        values = _in_chunks(jax.vmap(perturbed), batch, 2 * n, chunk)
-    except Exception:  # noqa: BLE001  (batching failed: the path of before, which raises a real error itself)
-        return [_numerical_one_by_one(f, x0, parts, r0, j, eps) for j in range(len(parts))]
+        values = _in_chunks(lambda steps: _run(program, tuple(parts), others, r0, steps), batch, 2 * n, chunk)
+    except Exception:  # noqa: BLE001  (no program: one element at a time, which raises a real error itself)
+        return [_numerical_one_by_one(plain, x0, parts, r0, j, eps) for j in range(len(parts))]
     difference = (values[:n] - values[n:]) / (2 * eps)  # (n, size)
     return [difference[o : o + s] for o, s in zip(offsets, sizes)]
 
 
-def _numerical_one_by_one(f, x0, parts, r0, j, eps, mapped: bool = True) -> np.ndarray:
+def _numerical_one_by_one(f, x0, parts, r0, j, eps) -> np.ndarray:
     """Central differences of ``f`` along every element of real part ``j``, one element at a time
-    (``lax.map``, not ``vmap``; or, ``mapped=False``, a Python loop run op by op, which compiles
-    no whole function): independent of the function's batching."""
+    in a Python loop, as ``f`` is called (host code runs on concrete values, without its rules)."""
 
     def column(d):
         shifted = lambda step: [r + step * d if i == j else r for i, r in enumerate(r0)]  # noqa: E731
@@ -346,35 +521,30 @@ def _numerical_one_by_one(f, x0, parts, r0, j, eps, mapped: bool = True) -> np.n
 
     n, shape = int(np.size(r0[j])), np.shape(r0[j])
     steps = jnp.eye(n, dtype=jnp.float64).reshape((n, *shape))
-    if not mapped:
-        return np.stack([np.asarray(column(d)) for d in steps])
-    return np.asarray(jax.lax.map(column, steps))
+    return np.stack([np.asarray(column(d)) for d in steps])
 
 
 def _analytical_jacobian(f, x0, parts, r0, own, size, chunk) -> list[np.ndarray]:
     """Backward's Jacobian of ``f`` with respect to the real parts ``own`` only (the others held
-    constant, so JAX does not differentiate them): one VJP per output element, as one batch (one
-    at a time where batching fails); one (elements, size) block per part of ``own``."""
+    constant, so JAX does not differentiate them): forward once, at ``x0`` and unbatched (no
+    vmap rule runs), then one VJP per output element as one batch (one at a time where batching
+    backward fails); one (elements, size) block per part of ``own``."""
 
-    def pullback(steps: list[Any], cotangent: Any) -> Any:  # steps are zeros: see _check_jacobians
-        moved = [r + d for r, d in zip(r0, steps)]
+    def outputs(values: list[Any]) -> Any:
+        return _flat(f(_joined(x0, parts, [values[own.index(j)] if j in own else r for j, r in enumerate(r0)])))
 
-        def outputs(values: list[Any]) -> Any:
-            return _flat(f(_joined(x0, parts, [values[own.index(j)] if j in own else m for j, m in enumerate(moved)])))
+    pullback = jax.vjp(outputs, [r0[j] for j in own])[1]
 
-        return jax.vjp(outputs, [moved[j] for j in own])[1](cotangent)[0]
-
-    def batch(rows: np.ndarray) -> tuple:  # no moves, and the unit cotangents of output elements `rows`
+    def batch(rows: np.ndarray) -> tuple:  # the unit cotangents of output elements `rows`
         units = np.zeros((len(rows), size))
         units[np.arange(len(rows)), rows] = 1.0
-        return [np.zeros((len(rows), *np.shape(r))) for r in r0], units
+        return (units,)
 
     try:
-        gradients = _in_chunks(jax.vmap(pullback), batch, size, chunk)
+        gradients = _in_chunks(jax.vmap(lambda cotangent: pullback(cotangent)[0]), batch, size, chunk)
     except Exception:  # noqa: BLE001  (batching failed: one at a time, which raises a real error itself)
-        zeros = [jnp.zeros_like(r) for r in r0]
         unit = lambda row: (jnp.arange(size) == row).astype(jnp.float64)  # noqa: E731
-        gradients = jax.lax.map(lambda row: pullback(zeros, unit(row)), jnp.arange(size))
+        gradients = jax.lax.map(lambda row: pullback(unit(row))[0], jnp.arange(size))
     return [np.asarray(g).reshape(size, -1).T for g in gradients]
 
 
@@ -417,31 +587,50 @@ def _compare(label: str, part, shape: tuple, analytical: np.ndarray, numerical: 
     )
 
 
-def _check(scalar, x0, labels, eps, atol, rtol, rng, what, who) -> None:
-    """Each leaf along one random direction; a failing leaf located element by element."""
+def _check(scalar, reference, x0, labels, eps, atol, rtol, rng, what, who) -> None:
+    """Each leaf along one random direction: the gradient of ``scalar`` against finite differences
+    of ``reference`` (the same function run without custom rules); a failing leaf located
+    element by element."""
     analytical = jax.grad(scalar)(x0)
     for k, (label, leaf) in enumerate(zip(labels, x0)):
         direction = _random_like(rng, leaf)
-        numerical = float(_central(scalar, x0, k, direction, eps))
+        numerical = float(_central(reference, x0, k, direction, eps))
         expected = float(jnp.sum(analytical[k] * direction).real)  # JAX's convention: Re(sum(g * d))
         if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
             numerical
         ):
-            _locate(scalar, x0, k, analytical[k], label, eps, atol, rtol, what, who)
+            _locate(reference, x0, k, analytical[k], label, eps, atol, rtol, what, who)
 
 
-def _check_forward(scalar, x0, labels, eps, atol, rtol, rng, who) -> None:
-    """Forward mode: each leaf's directional derivative (``jax.jvp``) along one random direction
-    against finite differences; a failing leaf located element by element."""
+def _check_forward(scalar, reference, x0, labels, eps, atol, rtol, rng, who, may_refuse=True) -> bool:
+    """Forward mode: each leaf's directional derivative (``jax.jvp`` of ``scalar``, through the
+    function's forward-mode rule) along one random direction against finite differences of
+    ``reference`` (forward without custom rules); a failing leaf located element by element.
+    False where JAX refuses forward mode (a jaxfn function inside has no forward-mode rule) and
+    ``may_refuse``; an exception the rule raises is a failure."""
     for k, (label, leaf) in enumerate(zip(labels, x0)):
         direction = _random_like(rng, leaf)
-        expected = float(_directional(scalar, x0, k, direction))
-        numerical = float(_central(scalar, x0, k, direction, eps))
+        try:
+            expected = float(_directional(scalar, x0, k, direction))
+        except GradcheckError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a refusal (no rule) is said as such; any other is a failure
+            if may_refuse and (refused_forward_mode(err) or FORWARD_MODE_HELP in str(err)):
+                return False
+            first = (str(err).splitlines() or [""])[0]
+            raise error(
+                GradcheckError,
+                who,
+                f"forward mode (jax.jvp) for {label} raised {type(err).__name__} ({first}), where finite "
+                "differences of forward give a derivative; check the function's jvp rule",
+            ) from err
+        numerical = float(_central(reference, x0, k, direction, eps))
         if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
             numerical
         ):
             analytical = _along_basis(lambda d, k=k: _directional(scalar, x0, k, d), x0[k])
-            _locate(scalar, x0, k, analytical, label, eps, atol, rtol, " in forward mode (jvp)", who)
+            _locate(reference, x0, k, analytical, label, eps, atol, rtol, " in forward mode (jvp)", who)
+    return True
 
 
 def _directional(scalar, x0, k, direction):
@@ -462,15 +651,29 @@ def _along_basis(along, leaf) -> Any:
     return values
 
 
-def _check_batched(f, x0, labels, out_shapes, atol, rtol, rng, who) -> None:
-    """``f`` and its gradient under ``jax.vmap`` over three inputs against the same, one at a time."""
+def _check_batched(f, plain, x0, labels, out_shapes, atol, rtol, rng, who) -> None:
+    """``f`` under ``jax.vmap`` over three inputs (a vmap rule) against a Python loop of forward
+    (``plain``: no custom rule), and the gradient under ``jax.vmap`` against backward one input at
+    a time. An exception raised under ``jax.vmap`` is a failure."""
     points = [x0] + [[x + 1e-3 * _random_like(rng, x) for x in x0] for _ in range(2)]
     stacked = [jnp.stack(leaves) for leaves in zip(*points)]
     cotangent = _random_like(rng, out_shapes)
     scalar = lambda diff: _vdot(cotangent, f(diff))  # noqa: E731
-    for what, g in (("the output", f), ("the gradient", jax.grad(scalar))):
-        batched = jax.vmap(g)(stacked)
-        one_by_one = [g(point) for point in points]
+    gradient = jax.grad(scalar)
+    for what, g, reference in (("the output", f, plain), ("the gradient", gradient, gradient)):
+        try:
+            batched = jax.vmap(g)(stacked)
+        except GradcheckError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the vmap rule (or backward under vmap) raised: a failure
+            first = (str(err).splitlines() or [""])[0]
+            raise error(
+                GradcheckError,
+                who,
+                f"{what} under jax.vmap raised {type(err).__name__} ({first}), where a loop of forward computes "
+                "it; check the function's vmap rule (or pass check_batched_grad=False to check the rest)",
+            ) from err
+        one_by_one = [reference(point) for point in points]
         names = labels if what == "the gradient" else [f"output {i}" for i in range(len(one_by_one[0]))]
         for k, name in enumerate(names):
             _compare_batched(
@@ -543,7 +746,7 @@ def _as_checked(leaf: Any) -> Any:
     return leaf
 
 
-def _outputs_to_check(fn, args, kwargs, leaves, treedef) -> Callable[[Any], list[Any]]:
+def _outputs_to_check(fn, args, kwargs, leaves, treedef) -> tuple[Callable[[Any], list[Any]], Any]:
     """From an output, the arrays to check: floating or complex, and (for a jaxfn function) not
     marked non-differentiable. Python values and integer arrays are left out."""
     target = _jaxfn_function(fn)
@@ -554,7 +757,7 @@ def _outputs_to_check(fn, args, kwargs, leaves, treedef) -> Callable[[Any], list
         keep = flags if flags is not None and len(flags) == len(out_leaves) else [True] * len(out_leaves)
         return [leaf for leaf, k in zip(out_leaves, keep) if k and _is_inexact_array(leaf) and np.size(leaf)]
 
-    return select
+    return select, None if flags is None else tuple(flags)
 
 
 def _output_flags(target: AutogradFunction, args: tuple, kwargs: dict) -> list[bool]:
@@ -563,6 +766,10 @@ def _output_flags(target: AutogradFunction, args: tuple, kwargs: dict) -> list[b
     info = target.outputs(*args, **kwargs)
     flags = iter(info.differentiable)
     return [next(flags) if array else False for array in info.is_array]
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray))
 
 
 def _is_inexact_array(value: Any) -> bool:

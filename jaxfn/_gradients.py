@@ -15,7 +15,7 @@ from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, a, e
 
 _FORMS = (
     "backward must return a dict keyed by parameter name, a tuple/list with one entry per "
-    "parameter, a bare array (one-parameter functions only), or None"
+    "parameter, or a bare array (one-parameter functions only)"
 )
 
 
@@ -36,7 +36,7 @@ def by_parameter(
     """
     names, slots = args.names, args.slots
     if returned is None:
-        return {}
+        raise error(AutogradFunctionTypeError, function, _returned_none(args))
     if isinstance(returned, Mapping) and (len(slots) != 1 or set(returned) <= set(names) or _one_leaf(args)):
         unknown = [key for key in returned if key not in names]
         if unknown:
@@ -61,6 +61,18 @@ def by_parameter(
         function,
         f"{_FORMS}, but it returned {describe(returned)} for a function with {len(slots)} parameters "
         f"({', '.join(map(args.slot_name, slots))})",
+    )
+
+
+def _returned_none(args: Arguments) -> str:
+    """The sentence for a bare None from backward: what a backward without a return statement gives."""
+    count = len(args.slots)
+    nones = "(" + ", ".join(["None"] * count) + ("," if count == 1 else "") + ")"
+    return (
+        "backward returned None (what a backward without a return statement gives), but a gradient is asked "
+        f"for its input{'s' * (count != 1)}, and zeros would train nothing in silence; return the gradients: a "
+        "tuple with one entry per parameter, a dict keyed by parameter name, or a bare array for a one-parameter "
+        f"function (return {{}} or {nones} for no gradient)"
     )
 
 

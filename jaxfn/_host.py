@@ -379,7 +379,7 @@ def _describe(name: str, ctx: Context, out: Any, output: Any, flags: tuple[bool,
         )
     specs = tuple(_host_values.spec(leaf) for leaf in leaves)
     _check_declared(name, output, treedef, specs)
-    marked = {id(x) for x in _context.non_differentiable(ctx)}
+    marked = _outputs.check_marked(name, leaves, _context.non_differentiable(ctx))
     differentiable = tuple(
         id(leaf) not in marked and _arguments.dtype_kind(s.dtype) == DIFF for leaf, s in zip(leaves, specs)
     )

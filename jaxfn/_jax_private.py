@@ -160,6 +160,25 @@ def set_anomaly(value: bool) -> None:
     _ANOMALY._set(value)
 
 
+_PLAIN_FORWARD: Any = _bool_state(
+    "jaxfn_plain_forward",
+    False,
+    help="jaxfn: jaxfn functions run their forward's operations with no custom rule (jaxfn's checks inside)",
+    include_in_jit_key=True,  # a jax.jit traced inside never hands its plain program to a later call
+    include_in_trace_context=True,
+)
+
+
+def plain_forward_on() -> bool:
+    """Whether jaxfn functions run as plain forward code here (``_rule.plain_forward``)."""
+    return bool(_PLAIN_FORWARD.value)
+
+
+def plain_forward_context(value: bool) -> Any:
+    """A context in which that state is ``value`` (jax.jit traces again where it differs)."""
+    return _PLAIN_FORWARD(value)
+
+
 # JAX's own report of what a differentiation keeps (jax.ad_checkpoint.print_saved_residuals prints it)
 from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # noqa: E402
 
@@ -333,3 +352,22 @@ def inside_shard_map() -> bool:
     """Whether the current trace is inside ``jax.shard_map`` (the abstract mesh's manual axes,
     ``jax.sharding.get_abstract_mesh().manual_axes``, jax 0.10-0.12)."""
     return bool(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()))
+
+
+# jax.export serializes a program, and refuses one holding a host callback only after tracing it
+# ("serialization of host_callbacks is not yet implemented", jax 0.10-0.12), with no function
+# named: a host call traced while an export's own frame is on the stack is refused first.
+import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
+
+_EXPORT_FILE = _os.path.join("jax", "_src", "export", "_export.py")
+
+
+def inside_export() -> bool:
+    """Whether ``jax.export`` is tracing the current call (its module's frame is on the stack)."""
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_EXPORT_FILE):
+            return True
+        frame = frame.f_back
+    return False

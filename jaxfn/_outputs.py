@@ -80,15 +80,7 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
         return [out], Outputs(_ONE_LEAF, (True,), (None,), (aval,), (dtype_kind(out.dtype) == DIFF,), False, function)
     with_paths, treedef = tree_flatten_with_path(out)
     leaves = [leaf for _, leaf in with_paths]
-    marked = {id(x) for x in non_differentiable}
-    found = {id(leaf) for leaf in leaves if id(leaf) in marked}
-    if len(found) != len(marked):
-        raise error(
-            AutogradFunctionTypeError,
-            function,
-            f"ctx.mark_non_differentiable() takes values that forward returns, but {len(marked) - len(found)} of "
-            "its arguments are not among forward's outputs; pass the very arrays you return",
-        )
+    marked = check_marked(function, leaves, non_differentiable)
     is_array = tuple([_is_array(function, path, leaf) for path, leaf in with_paths])
     arrays, statics = take(leaves, is_array)
     if not arrays:
@@ -107,6 +99,32 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
 
 
 _ONE_LEAF = jax.tree_util.tree_structure(0)  # the structure of an output that is one array
+
+
+def check_marked(function: str, leaves: list[Any], non_differentiable: list[Any]) -> set[int]:
+    """The ids of the outputs forward marked with ``ctx.mark_non_differentiable``; raises, naming
+    each, where a value marked is not one of forward's output ``leaves``."""
+    marked = {id(x) for x in non_differentiable}
+    found = {id(leaf) for leaf in leaves if id(leaf) in marked}
+    if len(found) != len(marked):
+        raise error(AutogradFunctionTypeError, function, _not_returned(non_differentiable, found))
+    return marked
+
+
+def _not_returned(marked: list[Any], found: set[int]) -> str:
+    """The sentence for values given to ``ctx.mark_non_differentiable`` that forward does not
+    return, each by its argument position (and the input of forward it is, if one)."""
+    named = getattr(marked, "named", {})  # _context.Marked: how each was given
+    missing = {id(x): named.get(id(x), f"argument ({type_name(x)})") for x in marked if id(x) not in found}
+    listed = " and ".join(missing.values())
+    inputs = any("forward's input" in where for where in missing.values())
+    return (
+        f"ctx.mark_non_differentiable() takes values that forward returns, but its {listed} "
+        + ("is" if len(missing) == 1 else "are")
+        + " not among forward's outputs"
+        + (" (an input is not an output unless forward returns it)" if inputs else "")
+        + "; pass the very arrays you return"
+    )
 
 
 def _is_array(function: str, path: tuple, leaf: Any) -> bool:

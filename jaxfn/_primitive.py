@@ -345,7 +345,7 @@ def _through_jvp(derived: Callable[..., Any], info: Outputs) -> Callable[..., An
         which = [i for i, p in enumerate(perturbed) if p]
 
         def arrays_out(*arrays: Any) -> tuple[Any, ...]:
-            leaves = jax.tree_util.tree_flatten(derived(*arrays), is_leaf=lambda x: x is None)[0]
+            leaves = info.treedef.flatten_up_to(derived(*arrays))  # a None in the output is no leaf
             return tuple(leaf for leaf, is_array in zip(leaves, info.is_array) if is_array)
 
         on = _rule.of_chosen(arrays_out, primals, which)

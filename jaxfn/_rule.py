@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _anomaly, _arguments, _context, _gradients, _jax_private, _outputs
+from . import _anomaly, _arguments, _context, _gradients, _jax_private, _outputs, _pytorch_names
 from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
@@ -149,18 +149,39 @@ _PLAIN = threading.local()
 def plain_forward() -> Iterator[None]:
     """Inside: jaxfn functions called under a trace run their forward's operations, with no
     custom rule, so that JAX transposes them as plain code (forward mode's gate transposes a
-    backward through the jaxfn functions it calls, as their value is what backward computes)."""
-    previous = getattr(_PLAIN, "on", False)
-    _PLAIN.on = True
+    backward through the jaxfn functions it calls, as their value is what backward computes).
+    A host function can't run so: it runs as itself, and is noted (``hosts_in_plain_forward``) to
+    name it if JAX then fails to transpose it."""
+    previous = getattr(_PLAIN, "hosts", [])
+    _PLAIN.hosts = []
     try:
-        yield
+        with _jax_private.plain_forward_context(True):  # a setting jax.jit keys its cache on
+            yield
     finally:
-        _PLAIN.on = previous
+        _PLAIN.hosts = previous
 
 
 def in_plain_forward() -> bool:
-    """Whether ``plain_forward`` is on in this thread."""
-    return getattr(_PLAIN, "on", False)
+    """Whether ``plain_forward`` is on here."""
+    return _jax_private.plain_forward_on()
+
+
+def note_host_in_plain_forward(name: str) -> None:
+    """A host function ran inside ``plain_forward`` (on grad_output JAX can't transpose it)."""
+    _PLAIN.hosts.append(name)
+
+
+def hosts_in_plain_forward() -> list[str]:
+    """The host functions that ran inside this thread's ``plain_forward``, in order."""
+    return list(getattr(_PLAIN, "hosts", []))
+
+
+HOST_IN_GATE = (
+    "it is a host=True function (NumPy code) called on grad_output inside the backward of a forward_mode=True "
+    "function, whose forward mode transposes that backward; JAX can't transpose host code, so that function "
+    "can't derive forward mode from its backward (its reverse mode, jax.grad, works; a host call on saved values "
+    "alone is fine); give the outer function its own jvp rule, or drop forward_mode=True there"
+)
 
 
 def vary_together(args: Arguments, arrays: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -245,7 +266,9 @@ def forward_with_context(
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
     before = jax.tree_util.tree_flatten(tuple(values)) if args.has_containers else None
     positional = definition.positional is not None  # every parameter plain positional (so no *args)
-    out = _arguments.call_forward(definition.forward, definition.signature, ctx, args.names, values, positional)
+    out = _arguments.call_forward(
+        definition.forward, definition.signature, ctx, args.names, values, positional, definition.name
+    )
     if before is not None:
         _arguments.refuse_writes(definition.name, args.names, values, before)
     return ctx, out, _context.end_forward(ctx)
@@ -290,7 +313,7 @@ def run_backward(
     if definition.once_differentiable and xp is jnp:  # on the host, nothing differentiates backward
         returned = _call_once_differentiable(definition, ctx, grad_outputs)
     else:
-        returned = definition.backward(ctx, *grad_outputs)
+        returned = _pytorch_names.call(definition.name, "backward", definition.backward, (ctx, *grad_outputs))
     if isinstance(returned, dict) and definition.closed_names:  # a closed-over value not differentiated here
         returned = {k: v for k, v in returned.items() if k in args.names or k not in definition.closed_names}
     grads = _gradients.by_parameter(
@@ -410,7 +433,7 @@ def call_user(name: str, role: str, function: Callable[..., Any], arguments: tup
     take them, the error names the rule and what it must take (``takes``), not Python's words
     about a lambda. Nothing is checked before the call: the common call costs nothing more."""
     try:
-        return function(*arguments)
+        return _pytorch_names.call(name, role, function, arguments)
     except TypeError:
         signature = _refusing_signature(function, arguments)
         if signature is None:  # the rule's own TypeError, or no signature to read (a builtin)

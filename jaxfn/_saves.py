@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -112,9 +113,13 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     policy keeps is listed. (Zero-size residuals, such as the ones that tell a jaxfn backward its
     trace, hold nothing and are left out.)
 
+    `f` is differentiated with respect to the array leaves of its arguments (arrays inside
+    tuples, lists and dicts too); Python numbers and every other value are passed to `f` as they
+    are, as a real call passes them, and are not differentiated (a JAX constant such a value
+    becomes may be listed as `"from a literal"`).
+
     Args:
-      f: the function to differentiate (with respect to its array arguments), calling jaxfn
-        functions or not.
+      f: the function to differentiate, calling jaxfn functions or not.
       *args: `f`'s positional arguments.
       **kwargs: `f`'s keyword arguments.
 
@@ -139,8 +144,9 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
             f"jaxfn.saved takes the function first, then its arguments (jaxfn.saved(f, x)), but got {type_name(f)} "
             "as the function",
         )
+    differentiated, arrays = _arrays_only(f, args, kwargs)
     with _collecting() as records:
-        rows = _jax_private.saved_residuals(f, *args, **kwargs)
+        rows = _jax_private.saved_residuals(differentiated, *arrays[0], **arrays[1])
     taken: dict[str, int] = {}
     report = []
     for aval, description in rows:
@@ -162,6 +168,31 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
                 description = "output of a jaxfn function"  # kept by the operation that reads it
             report.append(Residual("", description, shape, str(dtype), nbytes, kind))
     return Report(report)
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _arrays_only(f: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], Any]:
+    """``f`` as a function of the array leaves of a call's arguments only, with the call's other
+    values (Python numbers, strings, objects) passed as they are; and those arguments, each other
+    value replaced by ``None`` (an empty pytree: JAX sees no leaf there)."""
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_none)
+    is_array = [isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves]
+    masked = jax.tree_util.tree_unflatten(treedef, [v if a else None for v, a in zip(leaves, is_array)])
+
+    def differentiated(*given_args: Any, **given_kwargs: Any) -> Any:
+        given = jax.tree_util.tree_leaves((given_args, given_kwargs), is_leaf=_is_none)
+        full = [g if a else v for g, v, a in zip(given, leaves, is_array)]
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(treedef, full)
+        return f(*call_args, **call_kwargs)
+
+    try:  # JAX names a residual that is an argument by f's parameters ("from the argument x")
+        differentiated.__signature__ = inspect.signature(f)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    return differentiated, masked
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:

@@ -32,6 +32,8 @@ import numpy as np
 
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._function import AutogradFunction
+from ._outputs import per_leaf
+from ._split import split
 
 _NEEDS_TORCH = (
     "jaxfn.from_torch runs a PyTorch Function, so it needs PyTorch, but importing torch failed ({err}); install "
@@ -147,10 +149,12 @@ def _with_signature(run: Any, parameters: list[inspect.Parameter]) -> Any:
 class _Call:
     """One call's PyTorch graph, kept on the host forward's ctx until its backward runs."""
 
-    __slots__ = ("inputs", "outputs", "args", "kwargs")
+    __slots__ = ("inputs", "outputs", "args", "kwargs", "out", "sequence")
 
-    def __init__(self, inputs: list[Any], outputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
-        self.inputs, self.outputs, self.args, self.kwargs = inputs, outputs, args, kwargs
+    def __init__(self, inputs: list[Any], out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.inputs, self.args, self.kwargs = inputs, args, kwargs
+        self.outputs, self.out = split(out, lambda leaf: True)  # out: the output's structure
+        self.sequence = isinstance(out, (tuple, list))  # one grad_output per element
 
 
 class _Original:
@@ -203,7 +207,7 @@ class _Original:
             out = self.function.apply(*map(self.given, tensors), **{k: self.given(v) for k, v in named.items()})
         leaves, treedef = jax.tree_util.tree_flatten(out)
         arrays = [self.array(leaf) for leaf in leaves]
-        ctx.torch_call = _Call([*tensors, *named.values()], leaves, args, kwargs)
+        ctx.torch_call = _Call([*tensors, *named.values()], out, args, kwargs)
         if grad:
             cut = [a for a, t in zip(arrays, leaves) if isinstance(t, torch.Tensor) and not t.requires_grad]
             ctx.mark_non_differentiable(*cut)
@@ -213,9 +217,10 @@ class _Original:
     def backward(self, ctx: Any, *grad_outputs: Any) -> Any:
         torch = self.torch
         call: _Call = ctx.torch_call
-        flat = jax.tree_util.tree_leaves(grad_outputs)
-        if len(flat) != len(call.outputs):  # None leaves vanish: pair them by position instead
-            flat = list(_flatten_with_none(grad_outputs))
+        given = (
+            grad_outputs if call.sequence else grad_outputs[0]
+        )  # read through the output's structure, as the rule does
+        flat = per_leaf(self.name, call.out, call.sequence, given, "backward", "grad_output")
         for index, (o, g) in enumerate(zip(call.outputs, flat)):  # a gradient PyTorch can't carry: refused
             if g is not None:
                 self.refuse_numpy_output(
@@ -291,10 +296,6 @@ def _conj(value: Any) -> Any:
     return np.conj(value) if isinstance(value, np.ndarray) and np.iscomplexobj(value) else value
 
 
-def _flatten_with_none(tree: Any) -> Any:
-    return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
-
-
 def _differentiable(value: Any) -> bool:
     return isinstance(value, np.ndarray) and jax.numpy.issubdtype(value.dtype, jax.numpy.inexact)  # bfloat16 too
 
@@ -327,3 +328,17 @@ def _unbatched_spec(value: Any, dim: Any) -> Any:
         return value
     shape = tuple(np.shape(value))
     return np.zeros(shape[:dim] + shape[dim + 1 :], value.dtype)  # what the probe reads: shape and dtype
+
+
+def tensor_of(torch: Any, value: Any, requires_grad: bool = False) -> Any:
+    """A NumPy or JAX array as a new CPU tensor, by ``from_torch``'s one conversion (bfloat16 and
+    float8 by their bits); other values as they are. ``jaxfn.compare`` crosses its arrays here."""
+    if isinstance(value, (jax.Array, np.ndarray)):
+        value = np.array(value)  # a copy: the original may write its input in place
+    return _Original(torch, None, "").tensor(value, requires_grad)
+
+
+def array_of(torch: Any, value: Any) -> Any:
+    """A tensor as a NumPy array, by ``from_torch``'s one conversion (bfloat16 and float8 by their
+    bits); other values as they are."""
+    return _Original(torch, None, "").array(value)

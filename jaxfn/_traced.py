@@ -24,14 +24,6 @@ _CLOSURE_HELP = (
 )
 
 
-_HOST_IN_GATE = (
-    "it is a host=True function (NumPy code) called inside the backward of a forward_mode=True function, "
-    "whose forward mode transposes that backward; JAX can't transpose host code, so that function can't "
-    "derive forward mode from its backward (its reverse mode, jax.grad, works); give the outer function its "
-    "own jvp rule, or drop forward_mode=True there"
-)
-
-
 def call(
     build: Callable[..., Any],
     definition: _rule.Definition,
@@ -59,10 +51,11 @@ def call(
     if not forward_mode and any(_jax_private.is_forward_mode_tracer(a) for a in arguments.arrays):
         raise error(AutogradFunctionTypeError, definition.name, _rule.FORWARD_MODE_HELP)
     if _rule.in_plain_forward():  # forward mode's gate transposes through this call's forward
-        if host:
-            raise error(AutogradFunctionTypeError, definition.name, _HOST_IN_GATE)
-        out, info = _rule.primal(definition, arguments, arguments.arrays)
-        return info.rebuild(out)
+        if host:  # runs as itself (on saved values only, it needs no transpose), noted for the message
+            _rule.note_host_in_plain_forward(definition.name)
+        else:
+            out, info = _rule.primal(definition, arguments, arguments.arrays)
+            return info.rebuild(out)
     rule = build(definition, arguments.structure())  # keeps no reference to the arrays
     arrays = _rule.vary_together(arguments, arguments.arrays)
     try:

@@ -47,8 +47,101 @@ def test_missing_keys_and_none_mean_zero():
     got = jax.grad(lambda x, w: _mul(lambda ctx, g: (None, g * ctx.saved_variables.x))(x, w).sum(), (0, 1))(X, W)
     np.testing.assert_allclose(got[0], jnp.zeros((2, 3)))
     np.testing.assert_allclose(got[1], _plain_grads()[1])
-    got = jax.grad(lambda x: _mul(lambda ctx, g: None)(x, W).sum())(X)
-    np.testing.assert_allclose(got, jnp.zeros((2, 3)))
+    for nothing in ({}, (None, None), [None, None]):  # "no gradient", said (a bare None is refused)
+        got = jax.grad(lambda x, nothing=nothing: _mul(lambda ctx, g: nothing)(x, W).sum())(X)
+        np.testing.assert_allclose(got, jnp.zeros((2, 3)))
+
+
+def _builders():
+    """One function per builder, each with the backward given: default (custom_vjp), forward_mode=True,
+    a jvp rule, a vmap rule, host code (NumPy)."""
+
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x=x, w=w)
+        return x * w
+
+    def jvp(ctx, x_t, w_t):
+        s = ctx.saved_variables
+        return x_t * s.w + s.x * w_t
+
+    def vmap(info, in_dims, x, w):
+        return made["vmap"](jnp.moveaxis(x, in_dims[0], 0), w), 0
+
+    def host_forward(ctx, x, w):
+        assert isinstance(x, np.ndarray)
+        return x * w
+
+    def make(backward):
+        made.update(
+            default=jaxfn.autograd_function(forward, backward, name="nothing"),
+            forward_mode=jaxfn.autograd_function(forward, backward, forward_mode=True, name="nothing"),
+            jvp=jaxfn.autograd_function(forward, backward, jvp=jvp, name="nothing"),
+            vmap=jaxfn.autograd_function(forward, backward, vmap=vmap, name="nothing"),
+            host=jaxfn.autograd_function(host_forward, backward, host=True, name="nothing"),
+        )
+        return made
+
+    made = {}
+    return make
+
+
+BUILDERS = ["default", "forward_mode", "jvp", "vmap", "host"]
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_a_bare_none_from_backward_is_refused_in_every_builder(builder, maybe_jit):
+    called = []
+
+    def forgetful(ctx, g):  # the return is missing
+        called.append(True)
+        g * ctx.saved_variables.w if ctx.saved_variables else g
+
+    f = _builders()(forgetful)[builder]
+    compiled_host = builder == "host" and maybe_jit is jax.jit  # JAX reports the host's error at the call
+    with pytest.raises(
+        jax.errors.JaxRuntimeError if compiled_host else jaxfn.AutogradFunctionError,
+        match=r"jaxfn: 'nothing': backward returned None \(what a backward without a return statement gives\), but a "
+        r"gradient is asked for its inputs.*return the gradients: a tuple with one entry per parameter, a dict keyed "
+        r"by parameter name.*\(return \{\} or \(None, None\) for no gradient\)",
+    ) as info:
+        maybe_jit(jax.grad(lambda x, w: f(x, w).sum(), (0, 1)))(X, W)
+    assert (compiled_host or isinstance(info.value, TypeError)) and called
+    if builder in ("forward_mode", "jvp", "vmap"):  # under vmap and reverse over forward too
+        with pytest.raises(jaxfn.AutogradFunctionError, match=r"'nothing': backward returned None"):
+            jax.vmap(jax.grad(lambda x, w: f(x, w).sum()), (0, None))(X, W)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("nothing", [{}, (None, None), [None, None], {"x": None}], ids=["dict", "tuple", "list", "key"])
+def test_no_gradient_said_with_a_dict_or_nones_gives_zeros_in_every_builder(builder, nothing, maybe_jit):
+    called = []
+
+    def backward(ctx, g):
+        called.append(True)
+        return nothing
+
+    f = _builders()(backward)[builder]
+    got = maybe_jit(jax.grad(lambda x, w: f(x, w).sum(), (0, 1)))(X, W)
+    reference = jax.grad(lambda x, w: jax.lax.stop_gradient(x * w).sum(), (0, 1))(X, W)  # no gradient flows
+    for g, r in zip(got, reference):
+        np.testing.assert_array_equal(g, r)
+    assert called
+
+
+def test_from_torch_keeps_pytorchs_own_rule_for_a_none_gradient():
+    torch = pytest.importorskip("torch")
+
+    class Ignore(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            return None  # PyTorch: no gradient for the one input
+
+    f = jaxfn.from_torch(Ignore)
+    np.testing.assert_array_equal(jax.grad(lambda x: f(x).sum())(W), np.zeros(3))
 
 
 def test_bare_array_for_one_parameter():

@@ -29,6 +29,7 @@ NEEDS = {
     "host.md": ("scipy",),
     "from-pytorch.md": ("optax",),
     "porting-pytorch.md": ("torch",),
+    "gallery/pytorch-ports.md": ("scipy",),
 }
 LANGUAGES = {"python", "bash", "r", ""}  # the fences a page may use
 
@@ -275,7 +276,8 @@ def test_every_gallery_page_opens_with_its_function_included_from_its_script(pat
         f'{_id(path)}: the first block should include --8<-- "{script}:<section>", found {specs}'
     )
     code = "\n".join(line for spec in specs for line in included(spec))
-    assert "jaxfn.autograd_function(" in code, f"{_id(path)}: the included section builds no jaxfn function"
+    builds = "jaxfn.autograd_function(" in code or "(jaxfn.Function):" in code
+    assert builds, f"{_id(path)}: the included section builds no jaxfn function"
 
 
 def test_a_snippet_section_is_what_lies_between_its_markers(tmp_path, monkeypatch):
@@ -289,3 +291,21 @@ def test_a_snippet_section_is_what_lies_between_its_markers(tmp_path, monkeypatc
     assert included("x.py") == ["a = 0", "b = 1", "c = 2"]
     with pytest.raises(AssertionError, match="section 'h' needs one start and one end marker, found 0"):
         included("x.py:h")
+
+
+# What a user does not have: the project's contract file and its seed examples (internal documents)
+INTERNAL_CITATIONS = re.compile(r"\bSPEC\b|(?i:\bthe spec\b|\bseeds\b)")
+
+
+@pytest.mark.parametrize(
+    "path", [*_pages(), ROOT / "README.md"], ids=lambda p: p.name if p.name == "README.md" else _id(p)
+)
+def test_no_user_page_cites_internal_documents(path):
+    """A page says the rule itself, never "SPEC section 4", "the spec is silent" or "the seeds'"."""
+    text = "\n".join(_page_lines(path)) if path.suffix == ".md" and path.name != "README.md" else path.read_text()
+    found = [
+        f"line {number}: {line.strip()}"
+        for number, line in enumerate(text.splitlines(), 1)
+        if INTERNAL_CITATIONS.search(line)
+    ]
+    assert not found, f"{path.name} cites documents users do not have:\n" + "\n".join(found)

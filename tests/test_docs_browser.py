@@ -7,8 +7,9 @@ and the browser are always stopped, and the browser's profile and home stay in t
 folder. Skipped, saying why, where Chromium or mkdocs is missing.
 
 Layout is measured the same way: a copy of a page, beside it in the built site, ends with a script
-that, once the page has loaded in a 1280 px wide window, writes each code block's and table's
-widths (``scrollWidth`` against ``clientWidth``) into the DOM that Chromium dumps.
+that, once the page has loaded in a window 1280 or 390 px wide, writes into the DOM that Chromium
+dumps how many screen lines each code block takes against the lines it has, how many boxes each
+table cell's code takes, and the page's widths.
 """
 
 import html.parser
@@ -33,6 +34,7 @@ NAV = [
     "Getting started",
     "Porting from R torch",
     "Porting from PyTorch",
+    "From PyTorch, line by line",
     "Guarantees",
     "Eager calls and jit=True",
     "Forward mode",
@@ -184,7 +186,7 @@ def test_the_navigation_lists_the_pages(site, tmp_path):
     assert "Getting started" in " ".join(page.text)
     missing = [title for title in NAV if title not in page.nav]
     assert not missing, f"not in the navigation: {missing}; it lists {page.nav}"
-    for title in ("1. Linear + cross-entropy", "8. Transformer block", "autograd_function", "shard_map"):
+    for title in ("1. Linear + cross-entropy", "9. Three PyTorch ports", "autograd_function", "shard_map"):
         assert title in page.nav
 
 
@@ -207,6 +209,7 @@ def test_the_api_page_of_autograd_function_shows_its_signature(site, tmp_path):
     [
         ("gallery/linear-cross-entropy/", "linear_cross_entropy_memory.png"),
         ("gallery/transformer-block/", "transformer_block.png"),
+        ("gallery/", "deq_fixed_point_memory.png"),
     ],
 )
 def test_a_gallery_page_shows_its_plot(site, tmp_path, page, image):
@@ -223,24 +226,31 @@ def test_a_gallery_page_shows_its_plot(site, tmp_path, page, image):
         assert response.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-# Run in the page once it has loaded: every code block's and table's widths, and the page's, written
-# into the DOM as JSON (<pre id="jaxfn-layout">) for --dump-dom to carry out.
+# Run in the page once it has loaded: how every code block and every table's code sits on the screen,
+# written into the DOM as JSON (<pre id="jaxfn-layout">) for --dump-dom to carry out. A code block
+# wraps when its text occupies more screen lines than it has lines (a Range's boxes, one top per
+# screen line); a table cell's code is split when its inline box has more than one rectangle.
 _MEASURE = """
 <script>
 window.addEventListener("load", function () {
   setTimeout(function () {
-    function wide(el) { return el.scrollWidth > el.clientWidth + 1; }
-    var column = document.querySelector(".md-content__inner").getBoundingClientRect();
-    var report = {blocks: [], tables: [], column: [column.left, column.right]};
+    function lines(code) {
+      var range = document.createRange();
+      range.selectNodeContents(code);
+      var tops = {};
+      Array.prototype.forEach.call(range.getClientRects(), function (r) {
+        if (r.height > 0 && r.width > 0) { tops[Math.round(r.top)] = true; }
+      });
+      return Object.keys(tops).length;
+    }
+    var report = {blocks: [], cells: []};
     document.querySelectorAll(".md-typeset pre > code").forEach(function (code) {
-      report.blocks.push({text: code.textContent.slice(0, 60), scroll: code.scrollWidth,
-                          client: code.clientWidth, overflows: wide(code) || wide(code.parentElement)});
+      var text = code.textContent.replace(/\\n$/, "");
+      report.blocks.push({text: text.slice(0, 60), lines: text.split("\\n").length, shown: lines(code),
+                          whiteSpace: getComputedStyle(code).whiteSpace});
     });
-    document.querySelectorAll(".md-typeset table").forEach(function (table) {
-      var box = table.closest(".md-typeset__scrollwrap") || table.parentElement;
-      var right = table.getBoundingClientRect().right;
-      report.tables.push({text: table.textContent.trim().slice(0, 60), scroll: box.scrollWidth,
-                          client: box.clientWidth, overflows: wide(box) || wide(table) || right > column.right + 1});
+    document.querySelectorAll(".md-typeset table code").forEach(function (code) {
+      report.cells.push({text: code.textContent.slice(0, 60), rects: code.getClientRects().length});
     });
     report.page = {scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth};
     var out = document.createElement("pre");
@@ -254,7 +264,7 @@ window.addEventListener("load", function () {
 
 
 def _layout(site, page, tmp_path, width=1280):
-    """The widths ``_MEASURE`` reports for ``page`` (a folder of the site: "", "faq/") in a window
+    """What ``_MEASURE`` reports for ``page`` (a folder of the site: "", "faq/") in a window
     ``width`` pixels wide: a copy of the page with the script appended is opened beside it."""
     base, _, root = site
     source = root / page / "index.html"
@@ -269,20 +279,32 @@ def _layout(site, page, tmp_path, width=1280):
     return json.loads(html.unescape(found.group(1)))
 
 
+# pages whose code blocks and tables are checked, with the fewest code blocks and table code each has
+LAYOUT_PAGES = [
+    ("", 5, 10),
+    ("from-pytorch-line-by-line/", 10, 60),
+    ("porting-pytorch/", 5, 40),
+    ("faq/", 20, 0),
+    ("gallery/", 1, 3),
+    ("gallery/pytorch-ports/", 6, 0),
+    ("performance/", 1, 0),
+    ("api/autograd_function/", 2, 0),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "page, blocks",
-    [("", 5), ("faq/", 20), ("api/autograd_function/", 2), ("api/gradcheck/", 2), ("performance/", 1)],
-    ids=["home", "faq", "api-autograd_function", "api-gradcheck", "performance-tables"],
-)
-def test_no_code_block_or_table_overflows_at_1280_px(site, tmp_path, page, blocks):
-    """Long lines wrap (docs/stylesheets/extra.css) or are short: no code block scrolls sideways,
-    no table is wider than the text column, and the page itself is not wider than the window."""
-    layout = _layout(site, page, tmp_path)
-    page = page or "the home page"
+@pytest.mark.parametrize("width", [1280, 390])
+@pytest.mark.parametrize("page, blocks, cells", LAYOUT_PAGES, ids=[p.strip("/") or "home" for p, *_ in LAYOUT_PAGES])
+def test_code_never_wraps_and_table_cells_never_split_an_identifier(site, tmp_path, page, blocks, cells, width):
+    """docs/stylesheets/extra.css: a code block keeps its lines (a long one scrolls sideways inside
+    the block), code in a table cell stays on one line (a wide table scrolls inside its box), and
+    the page itself never scrolls sideways; at a desktop width and a phone's."""
+    layout = _layout(site, page, tmp_path, width)
+    page = f"{page or 'the home page'} at {width} px"
     assert len(layout["blocks"]) >= blocks, f"{page}: found {len(layout['blocks'])} code blocks, expected {blocks}"
-    wide = [b for b in layout["blocks"] if b["overflows"]]
-    assert not wide, f"{page}: {len(wide)} of {len(layout['blocks'])} code blocks overflow: {wide}"
-    wide = [t for t in layout["tables"] if t["overflows"]]
-    assert not wide, f"{page}: {len(wide)} of {len(layout['tables'])} tables overflow: {wide}"
+    assert len(layout["cells"]) >= cells, f"{page}: found {len(layout['cells'])} code cells, expected {cells}"
+    wrapped = [b for b in layout["blocks"] if b["whiteSpace"] != "pre" or b["shown"] > b["lines"]]
+    assert not wrapped, f"{page}: {len(wrapped)} of {len(layout['blocks'])} code blocks wrap: {wrapped[:3]}"
+    split = [c for c in layout["cells"] if c["rects"] != 1]
+    assert not split, f"{page}: {len(split)} of {len(layout['cells'])} table cells split their code: {split[:5]}"
     assert layout["page"]["scroll"] <= layout["page"]["client"], f"{page}: the page scrolls sideways: {layout['page']}"

@@ -68,7 +68,53 @@ def test_mark_non_differentiable_of_something_not_returned():
         return x * 3
 
     f = jaxfn.autograd_function(forward, lambda ctx, g: g, name="f")
-    _raises(TypeError, r"'f': ctx.mark_non_differentiable\(\) takes values that forward returns", lambda: f(W))
+    _raises(
+        TypeError,
+        r"'f': ctx.mark_non_differentiable\(\) takes values that forward returns, but its argument 0 \(an array of "
+        r"shape \(3,\)\) is not among forward's outputs; pass the very arrays you return",
+        lambda: f(W),
+    )
+
+
+def _marking(*which):
+    def forward(ctx, x, params, order):
+        out = x * params["w"]
+        given = {"out": out, "x": x, "w": params["w"], "order": order}
+        ctx.mark_non_differentiable(*(given[name] for name in which))
+        return out, order.argsort()
+
+    return forward
+
+
+@pytest.mark.parametrize(
+    "host",
+    [False, True],
+    ids=["jax", "host"],
+)
+def test_mark_non_differentiable_names_the_argument_and_the_input_it_is(host, maybe_jit):
+    args = (W, {"w": W * 2}, jnp.array([2, 0, 1]))
+    cases = [
+        (
+            ("order",),
+            r"its argument 0 \(forward's input 'order'\) is not among forward's outputs \(an input is not an "
+            r"output unless forward returns it\); pass the very arrays you return",
+        ),
+        (("out", "x"), r"its argument 1 \(forward's input 'x'\) is not"),
+        (
+            ("out", "order", "w"),
+            r"its argument 1 \(forward's input 'order'\) and argument 2 \(forward's input "
+            r"'params\['w'\]'\) are not among",
+        ),
+    ]
+    for which, match in cases:
+        f = jaxfn.autograd_function(_marking(*which), lambda ctx, g, h: (g, None, None), host=host, name="marks")
+        _raises(
+            TypeError,
+            r"^jaxfn: 'marks': ctx.mark_non_differentiable\(\) takes values that forward returns, but " + match,
+            lambda f=f: maybe_jit(f)(*args),
+        )
+    fine = jaxfn.autograd_function(_marking("out"), lambda ctx, g, h: (g, None, None), host=host, name="marks")
+    assert jaxfn.AutogradFunction.output_differentiable(fine, *args) == (False, False)
 
 
 def test_wrong_shape_names_parameter_expected_and_got():

@@ -31,6 +31,7 @@ ste = importlib.import_module("straight_through")
 reversal = importlib.import_module("gradient_reversal")
 clipping = importlib.import_module("gradient_clipping")
 silu = importlib.import_module("memory_saving_silu")
+ports = importlib.import_module("pytorch_ports")
 
 f32 = jnp.float32
 
@@ -383,6 +384,101 @@ def test_silu_memory_eager_saves_jit_does_not():
     assert temps["jaxfn"] == temps["plain"]  # XLA already recomputes the sigmoid on its own
 
 
+# 9. Three PyTorch Functions, ported
+
+
+JIT = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+
+
+def _maybe_jit(f, jit, static):
+    return jax.jit(f, static_argnums=static) if jit else f
+
+
+@JIT
+@pytest.mark.parametrize("v", [0.0, 1.0, 2.5])
+def test_ive_matches_scipy_and_its_backward_finite_differences(jit, v):
+    """Forward is SciPy's ive (i0e, i1e at orders 0 and 1); backward, which calls the Function at
+    v - 1, matches central differences of SciPy in float64; v static under jit."""
+    special = pytest.importorskip("scipy.special")
+    z = np.array([0.5, 2.0, 7.5])
+    np.testing.assert_allclose(_maybe_jit(ports.ive, jit, 0)(v, jnp.asarray(z, f32)), special.ive(v, z), rtol=1e-5)
+    grad = _maybe_jit(jax.grad(lambda z, v: ports.ive(v, z).sum()), jit, 1)(jnp.asarray(z, f32), v)
+    h = 1e-6
+    numeric = (special.ive(v, z + h) - special.ive(v, z - h)) / (2 * h)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-6)
+
+
+def test_ive_fits_the_von_mises_fisher_concentration():
+    kappa, losses = ports.fit_kappa(r_bar=0.8, m=5, steps=30)
+    assert losses[-1] < losses[0]
+    np.testing.assert_allclose(ports.ive(2.5, kappa) / ports.ive(1.5, kappa), 0.8, atol=1e-3)  # the MLE
+    for m in (3, 4, 5):  # orders 0.5, 1 (i1e, backward through i0e) and 1.5
+        grad = jax.grad(ports.vmf_nll)(jnp.array(1.0), 0.8, m)
+        np.testing.assert_allclose(grad, ports.vmf_nll_finite_difference(1.0, 0.8, m), rtol=1e-4, atol=1e-5)
+
+
+def _original_quick_cumsum(x, geom_feats, ranks):
+    """lift-splat-shoot's forward in NumPy, boolean-mask compaction and all (the reference)."""
+    x = x.cumsum(0)
+    kept = np.ones(x.shape[0], dtype=bool)
+    kept[:-1] = ranks[1:] != ranks[:-1]
+    x, geom_feats = x[kept], geom_feats[kept]
+    return np.concatenate((x[:1], x[1:] - x[:-1])), geom_feats
+
+
+@JIT
+def test_quick_cumsum_is_the_original_padded(jit):
+    feats, geom, ranks, _ = ports.voxel_points()
+    x, g = _maybe_jit(ports.quick_cumsum, jit, 3)(feats, geom, ranks, feats.shape[0])
+    want_x, want_g = _original_quick_cumsum(np.asarray(feats), np.asarray(geom), np.asarray(ranks))
+    n = want_x.shape[0]
+    np.testing.assert_allclose(x[:n], want_x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(g[:n], want_g)
+    np.testing.assert_array_equal(x[n:], 0)
+    np.testing.assert_array_equal(g[n:], -1)
+    assert g.dtype == geom.dtype
+
+
+def test_quick_cumsum_trains_and_its_gradient_is_segment_sum_s():
+    weight, losses = ports.train_voxels(steps=30)
+    assert losses[-1] < losses[0] / 10
+    feats, geom, ranks, target = ports.voxel_points()
+    args = (feats, geom, ranks, target, feats.shape[0])
+    for w in (weight, jnp.ones_like(weight)):
+        np.testing.assert_allclose(
+            jax.grad(ports.pooled_loss)(w, *args), jax.grad(ports.plain_pooled_loss)(w, *args), rtol=1e-4, atol=1e-4
+        )
+
+
+@JIT
+@pytest.mark.parametrize("num_bits", [2, 4, 8])
+def test_pact_is_the_straight_through_estimator_of_its_clip(jit, num_bits):
+    params = ports.init_pact_params()
+    x, y = ports.regression_data()
+    ours = _maybe_jit(jax.grad(ports.quantized_loss), jit, (3, 4))(params, x, y, num_bits, False)
+    plain = jax.grad(ports.surrogate_loss)(params, x, y, num_bits)
+    for name in params:
+        np.testing.assert_allclose(ours[name], plain[name], rtol=1e-5, atol=1e-6)
+
+
+def test_pact_inplace_reads_the_overwritten_values_as_pytorch_does():
+    """With inplace=True the original's backward reads the quantized values: no gradient where
+    rounding reached 0 or alpha, though the input itself lay inside (0, alpha)."""
+    x = jnp.array([0.1, 0.5, 1.8, 2.5])  # alpha 2, 2 bits: 0.1 rounds to 0, 1.8 to 2
+    alpha = jnp.array([2.0])
+    grad = jax.grad(lambda x, a, inplace: ports.pact(x, a, 2, True, inplace).sum(), argnums=(0, 1))
+    np.testing.assert_array_equal(grad(x, alpha, False)[0], [1.0, 1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(grad(x, alpha, True)[0], [0.0, 1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(grad(x, alpha, False)[1], [1.0])
+    np.testing.assert_array_equal(grad(x, alpha, True)[1], [2.0])
+
+
+def test_pact_trains_its_clip():
+    params, losses = ports.train_pact(steps=30)
+    assert losses[-1] < losses[0] / 2
+    assert float(params["alpha"][0]) != 1.0
+
+
 # Every entry's main runs and prints a markdown table (small sizes)
 
 
@@ -397,6 +493,7 @@ def test_silu_memory_eager_saves_jit_does_not():
         (reversal, []),
         (clipping, []),
         (silu, ["--batch", "16", "--width", "16", "--layers", "2", "--repeats", "1"]),
+        (ports, ["--steps", "3"]),
     ],
 )
 def test_main_prints_a_table(module, argv, capsys):

@@ -46,6 +46,7 @@ COUNTS = [
     ("linear_cross_entropy", ["--token-chunk", "0"], "argument --token-chunk: must be a positive integer, got 0"),
     ("linear_cross_entropy", ["--plot-vocabs", "0"], "argument --plot-vocabs: must be a positive integer, got 0"),
     ("transformer_block", ["--steps", "-3"], "argument --steps: must be a positive integer, got -3"),
+    ("pytorch_ports", ["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
     ("transformer_block", ["--tokens", "0"], "argument --tokens: must be a positive integer, got 0"),
     ("transformer_block", ["--d-model", "0"], "argument --d-model: must be a positive integer, got 0"),
     ("transformer_block", ["--depths", "2", "0"], "argument --depths: must be a positive integer, got 0"),
@@ -105,6 +106,7 @@ def test_every_flag_has_help_with_its_default(name, capsys):
         "transformer_block": [("--steps", "10"), ("--lr", "0.1")],
         "gradient_clipping": [("--max-norm", "25.0")],
         "gradient_reversal": [("--lambda", "0.5")],
+        "pytorch_ports": [("--steps", "30")],
     }[name]:
         help_of_flag = flags.split(f"\n  {flag} ", 1)[1].split("\n  --", 1)[0]
         assert f"(default: {default})" in " ".join(help_of_flag.split()), f"{name}: {flag} {help_of_flag!r}"

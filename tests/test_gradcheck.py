@@ -97,8 +97,10 @@ def test_wrong_second_derivative_with_order_2():
         jaxfn.gradcheck(f, X, order=2)
 
 
-def test_raise_exception_false_returns_false():
-    assert jaxfn.gradcheck(_wrong("input", lambda g: 2 * g), X, W, B, raise_exception=False) is False
+def test_raise_exception_false_returns_a_false_report_with_the_failure():
+    report = jaxfn.gradcheck(_wrong("input", lambda g: 2 * g), X, W, B, raise_exception=False)
+    assert not report and report.failure is not None
+    assert "fails (1 check ran)" in str(report) and "failed: jaxfn.gradcheck: 'linear': the gradient for" in str(report)
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -391,7 +393,12 @@ class _Unbatchable(jaxfn.Function):
 
 
 def test_a_function_whose_batching_fails_is_checked_one_element_at_a_time():
-    assert jaxfn.gradcheck(_Unbatchable.apply, X)
+    with pytest.raises(
+        jaxfn.GradcheckError, match=r"the output under jax.vmap raised NotImplementedError \(no batching"
+    ):
+        jaxfn.gradcheck(_Unbatchable.apply, X)  # the vmap rule raising is a failure of that rule
+    report = jaxfn.gradcheck(_Unbatchable.apply, X, check_batched_grad=False)
+    assert report and "not run: batching: turned off (check_batched_grad=False)" in str(report)
 
     class Wrong(_Unbatchable):
         @staticmethod
@@ -399,18 +406,123 @@ def test_a_function_whose_batching_fails_is_checked_one_element_at_a_time():
             return g * 2 * jnp.arange(1.0, 4.0)  # right in column 0 only
 
     with pytest.raises(jaxfn.GradcheckError, match=r"for 'x' disagrees.*worst at index \(\d, 2\).*10 of 15 elements"):
-        jaxfn.gradcheck(Wrong.apply, X)
+        jaxfn.gradcheck(Wrong.apply, X, check_batched_grad=False)
 
 
 def test_a_wrong_vmap_rule_is_not_blamed_on_backward():
-    """Finite differences are batched, but a disagreement is confirmed one element at a time: a
-    right backward passes beside a wrong vmap rule (check_batched_grad is what checks the rule)."""
+    """Finite differences run forward without its rules: a right backward passes beside a wrong
+    vmap rule, which the batching check (on by default for a function with one) names."""
 
     class WrongRule(_Unbatchable):
         @staticmethod
         def vmap(info, in_dims, x):
             return jnp.moveaxis(x, in_dims[0], 0) * 3, 0
 
-    assert jaxfn.gradcheck(WrongRule.apply, X)
-    with pytest.raises(jaxfn.GradcheckError, match="under jax.vmap disagrees"):
-        jaxfn.gradcheck(WrongRule.apply, X, check_batched_grad=True)
+    assert jaxfn.gradcheck(WrongRule.apply, X, check_batched_grad=False)
+    with pytest.raises(jaxfn.GradcheckError, match="the output for output 0 under jax.vmap disagrees"):
+        jaxfn.gradcheck(WrongRule.apply, X)
+
+
+def _sin_with_rules(forward_scale=1.0, jvp_scale=1.0, vmap_scale=1.0):
+    """sin(x) with a backward, a jvp and a vmap rule; ``forward_scale`` makes forward wrong (its
+    rules stay those of sin, so they agree with each other), the others make one rule wrong."""
+
+    class Sin(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            ctx.save_for_forward(x)
+            return jnp.sin(x) * forward_scale
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * jnp.cos(ctx.saved_tensors[0])
+
+        @staticmethod
+        def jvp(ctx, t):
+            return t * jnp.cos(ctx.saved_tensors[0]) * jvp_scale
+
+        @staticmethod
+        def vmap(info, in_dims, x):
+            return jnp.sin(jnp.moveaxis(x, in_dims[0], 0)) * vmap_scale, 0
+
+    return Sin
+
+
+def test_one_call_checks_every_rule_and_says_which():
+    report = jaxfn.gradcheck(_sin_with_rules(), X)
+    assert report and report.not_run == ["order 2: not asked for (order=2 checks the derivative of backward)"]
+    assert report.ran == [
+        "backward against finite differences of forward",
+        "the jvp rule against finite differences of forward",
+        "the vmap rule against a loop of forward, and backward under jax.vmap",
+    ]
+    assert str(report).startswith("jaxfn.gradcheck 'Sin': passes (3 checks)")
+
+
+def test_a_wrong_forward_is_caught_though_backward_and_the_vmap_rule_agree():
+    """Finite differences run forward itself, not its vmap rule: before, they went through jax.vmap,
+    which ran the rule, and a wrong forward whose rules agreed with each other passed."""
+    wrong = _sin_with_rules(forward_scale=2.0, vmap_scale=2.0)  # forward 2 sin x; backward says cos x
+    with pytest.raises(jaxfn.GradcheckError, match=r"'Sin': the gradient for 'x' disagrees with finite differences"):
+        jaxfn.gradcheck(wrong.apply, X)
+    plain = jax.vmap(jax.grad(lambda x: 2 * jnp.sin(x).sum()))(X)  # the true derivative: 2 cos x
+    np.testing.assert_allclose(plain, 2 * np.cos(X))
+
+
+def test_a_wrong_jvp_rule_is_caught_by_default():
+    with pytest.raises(jaxfn.GradcheckError, match=r"'Sin': the gradient in forward mode \(jvp\) for 'x' disagrees"):
+        jaxfn.gradcheck(_sin_with_rules(jvp_scale=1.5), X)
+    report = jaxfn.gradcheck(_sin_with_rules(jvp_scale=1.5), X, raise_exception=False)
+    assert not report and "in forward mode (jvp)" in report.failure
+
+
+def test_a_wrong_vmap_rule_is_caught_by_default():
+    with pytest.raises(jaxfn.GradcheckError, match=r"the output for output 0 under jax.vmap disagrees with the same"):
+        jaxfn.gradcheck(_sin_with_rules(vmap_scale=1.5), X)
+
+
+def test_a_raising_jvp_rule_is_a_failure_not_a_skipped_check():
+    class Raising(_sin_with_rules()):
+        @staticmethod
+        def jvp(ctx, t):
+            raise RuntimeError("jvp broke")
+
+    with pytest.raises(jaxfn.GradcheckError, match=r"forward mode \(jax.jvp\) for 'x' raised RuntimeError \(jvp broke"):
+        jaxfn.gradcheck(Raising, X)
+
+
+def test_the_finite_difference_program_is_compiled_once_per_call_structure():
+    compiled = []
+
+    def listener(event, duration, **kwargs):  # lowerings of gradcheck's finite-difference program
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" and "perturbed" in str(kwargs.get("fun_name")):
+            compiled.append(kwargs.get("fun_name"))
+
+    f, x = _bisection(50), jax.random.normal(K[1], (3, 6))
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        assert jaxfn.gradcheck(f, x, 1.0)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(compiled) == 1, compiled
+    compiled.clear()
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        assert jaxfn.gradcheck(f, x + 0.01, 2.0)  # new values, same structure: nothing compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiled == []
+
+
+def test_saved_passes_python_numbers_as_they_are():
+    import numbers
+
+    def forward(ctx, scale, z):
+        assert isinstance(scale, numbers.Number)  # what a real call gives it
+        ctx.save_for_backward(z=z)
+        return jnp.sin(z) * scale
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: (None, g * jnp.cos(ctx.saved_variables.z)), name="f")
+    report = jaxfn.saved(lambda s, z: f(s, z).sum(), 2.5, jnp.ones(3))
+    assert [(r.function, r.save, r.kind) for r in report] == [("f", "z", "input")]

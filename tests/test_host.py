@@ -664,3 +664,10 @@ def test_under_jit_grad_a_host_forward_saving_only_zero_size_arrays_still_runs()
     np.testing.assert_array_equal(grad(jnp.ones(4)), [2.0] * 4)
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=r"HostFailure: forward refuses negative"):
         grad(-jnp.ones(4))  # (JAX raises it as a ValueError here on jax 0.10)
+
+
+def test_jax_export_of_a_host_function_is_refused_naming_it():
+    hsin = jaxfn.autograd_function(lambda ctx, x: np.sin(x), lambda ctx, g: {}, host=True, name="hsin")
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'hsin': it runs code on the host .* jax.export serializes"):
+        jax.export.export(jax.jit(lambda x: hsin(x) * 2))(jax.ShapeDtypeStruct((3,), jnp.float32))
+    np.testing.assert_allclose(jax.jit(hsin)(jnp.ones(3)), np.sin(np.ones(3)), rtol=1e-6)  # a plain jit is fine

@@ -11,6 +11,7 @@ PACKAGE = Path(jaxfn.__file__).resolve().parent
 LAYERS = [
     "_errors",
     "_jax_private",
+    "_pytorch_names",
     "_keys",
     "_split",
     "_tracers",

@@ -21,9 +21,10 @@ others; the tables give XLA's compiled memory of the training step, its matmul c
 wall and process CPU time, and the residuals ``jaxfn.saved`` reports (for one block, and for the
 loss). Gradients are asserted equal across policies and to ``jax.grad`` of the plain-JAX block:
 
-    python examples/gallery/transformer_block.py                  # tokens 1024, d_model 256, depths 2 4 8 16
+    python examples/gallery/transformer_block.py                  # tokens 512, d_model 256, depths 2 8
+    python examples/gallery/transformer_block.py --full           # tokens 1024, depths 2 4 8 16: the page's tables
     python examples/gallery/transformer_block.py --small          # tokens 128, d_model 32, depths 2 4
-    python examples/gallery/transformer_block.py --plot docs/images/transformer_block.png
+    python examples/gallery/transformer_block.py --full --plot docs/images/transformer_block.png
 """
 
 from __future__ import annotations
@@ -397,17 +398,24 @@ def plot(rows, path):
 
 def main(argv=None):
     parser = Parser(__file__, __doc__)
-    parser.add_argument("--tokens", type=positive_int, default=1024, help="rows of the block's input")
+    parser.add_argument("--tokens", type=positive_int, default=512, help="rows of the block's input")
     parser.add_argument("--d-model", type=positive_int, default=256, help="the model width (hidden: 4 times it)")
-    parser.add_argument("--depths", type=positive_int, nargs="+", default=[2, 4, 8, 16], help="blocks, a run each")
+    parser.add_argument("--depths", type=positive_int, nargs="+", default=[2, 8], help="blocks, a run each")
     parser.add_argument("--steps", type=positive_int, default=10, help="SGD steps per policy, the timing's repeats")
     parser.add_argument("--lr", type=positive_float, default=0.1, help="SGD learning rate")
     parser.add_argument("--offload", action="store_true", help="measure the offload policy on CPU too")
     parser.add_argument("--small", action="store_true", help="tokens 128, d_model 32, depths 2 4, 3 steps")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="tokens 1024, depths 2 4 8 16: the gallery page's tables (about 2 minutes on 2 cores)",
+    )
     add_plot(parser, "temporaries and step time against depth")
     a = parser.parse_args(argv)
     if a.small:
         a.tokens, a.d_model, a.depths, a.steps = 128, 32, [2, 4], 3
+    if a.full:
+        a.tokens, a.depths = 1024, [2, 4, 8, 16]
     offload = a.offload or offload_applies()
     rows = [r for depth in a.depths for r in measure(a.tokens, a.d_model, depth, a.steps, a.lr, offload)]
     deepest = max(a.depths)

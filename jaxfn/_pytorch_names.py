@@ -1,0 +1,351 @@
+"""What ported code raises inside forward and backward, said in jaxfn's words: PyTorch's tensor methods
+with their JAX and NumPy spellings (one table), and a Python flag that ``jax.jit`` traced, by name.
+
+A PyTorch habit on a JAX array (``x.cpu()``, ``x.le(0)``, ``x.sum(dim=1)``, ``x.mul_(2)``), or on
+a host function's NumPy array (``z.data.cpu()``: NumPy's ``.data`` is a ``memoryview``), raises
+Python's ``AttributeError`` or ``TypeError``; :func:`call` raises jaxfn's error instead, naming the
+function, the method and how JAX (or NumPy) spells it, chained ``from`` Python's. Anything else
+passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_private
+from ._errors import (
+    TRACER_ERRORS,
+    ArrayAttributeError,
+    AutogradFunctionError,
+    AutogradFunctionTypeError,
+    concretized,
+    error,
+    tracer_error_help,
+)
+
+# PyTorch's tensor method (or attribute) -> its JAX spelling, and its NumPy spelling where that is not
+# the JAX one with np. for jnp. (host code, host=True, gets NumPy arrays). An in-place method
+# (mul_, clamp_) is spelled from its out-of-place one. ``x`` is the array, ``y`` another.
+METHODS: dict[str, tuple[str, str | None]] = {
+    # values and devices
+    "data": ("x itself (JAX arrays carry no autograd history; jax.lax.stop_gradient(x) stops a gradient)", "x itself"),
+    "detach": ("jax.lax.stop_gradient(x), or x itself where nothing differentiates it", "x itself"),
+    "cpu": ("x itself (JAX places arrays; jax.device_get(x) outside a trace)", "x itself"),
+    "cuda": ("x itself (JAX places arrays; jax.device_put(x, device) outside a trace)", "x itself"),
+    "numpy": ("np.asarray(x) outside a trace; under one keep x (or make the function host=True)", "x itself"),
+    "clone": ("x itself (JAX arrays are immutable), or jnp.copy(x)", "x.copy()"),
+    "contiguous": ("x itself", "x itself (np.ascontiguousarray(x) where layout matters)"),
+    "requires_grad_": ("nothing: JAX differentiates what jax.grad is asked for", "nothing"),
+    "requires_grad": ("ctx.needs_input_grad (JAX arrays carry no such flag)", None),
+    "to": ("x.astype(dtype) for a dtype; x itself for a device", None),
+    "type": ("x.astype(dtype) (x.dtype reads it)", None),
+    "type_as": ("x.astype(y.dtype)", None),
+    "float": ("x.astype(jnp.float32)", None),
+    "double": ("x.astype(jnp.float64) (with jax_enable_x64)", "x.astype(np.float64)"),
+    "half": ("x.astype(jnp.float16)", None),
+    "bfloat16": ("x.astype(jnp.bfloat16)", "x.astype(ml_dtypes.bfloat16)"),
+    "long": ("x.astype(jnp.int64) (jnp.int32 without jax_enable_x64)", "x.astype(np.int64)"),
+    "int": ("x.astype(jnp.int32)", None),
+    "bool": ("x.astype(bool)", None),
+    "new_zeros": ("jnp.zeros(shape, x.dtype)", None),
+    "new_ones": ("jnp.ones(shape, x.dtype)", None),
+    "new_full": ("jnp.full(shape, value, x.dtype)", None),
+    "new_empty": ("jnp.zeros(shape, x.dtype)", "np.empty(shape, x.dtype)"),
+    "new_tensor": ("jnp.asarray(value, x.dtype)", None),
+    "element_size": ("x.dtype.itemsize", None),
+    "is_floating_point": ("jnp.issubdtype(x.dtype, jnp.floating)", None),
+    # shapes and axes
+    "dim": ("x.ndim", None),
+    "ndimension": ("x.ndim", None),
+    "numel": ("x.size", None),
+    "nelement": ("x.size", None),
+    "size": ("x.shape (x.shape[d] for x.size(d); x.size is PyTorch's x.numel())", None),
+    "t": ("x.T", None),
+    "permute": ("x.transpose(dims) (jnp.transpose(x, dims))", None),
+    "unsqueeze": ("jnp.expand_dims(x, d), or x[:, None]", None),
+    "view_as": ("x.reshape(y.shape)", None),
+    "reshape_as": ("x.reshape(y.shape)", None),
+    "expand": ("jnp.broadcast_to(x, shape)", None),
+    "expand_as": ("jnp.broadcast_to(x, y.shape)", None),
+    "movedim": ("jnp.moveaxis(x, source, destination)", None),
+    "narrow": ("x[start:start + length] along its axis (jax.lax.dynamic_slice_in_dim for a traced start)", None),
+    "chunk": ("jnp.array_split(x, chunks, axis=d)", None),
+    "split": ("jnp.split(x, indices, axis=d)", None),
+    "unbind": ("list(x) along axis 0 (jnp.moveaxis first for another axis)", None),
+    "flip": ("jnp.flip(x, axis=d)", None),
+    "roll": ("jnp.roll(x, shift, axis=d)", None),
+    "sum_to_size": (
+        "x.sum(axis=..., keepdims=True) over the broadcast axes; in backward, return the broadcast gradient as it "
+        "is: jaxfn sums it down to its input's shape",
+        None,
+    ),
+    # reductions and math
+    "norm": ("jnp.linalg.norm(x, axis=d)", None),
+    "pow": ("x ** p", None),
+    "exp": ("jnp.exp(x)", None),
+    "log": ("jnp.log(x)", None),
+    "log1p": ("jnp.log1p(x)", None),
+    "expm1": ("jnp.expm1(x)", None),
+    "sqrt": ("jnp.sqrt(x)", None),
+    "rsqrt": ("jax.lax.rsqrt(x)", "1 / np.sqrt(x)"),
+    "abs": ("jnp.abs(x)", None),
+    "sign": ("jnp.sign(x)", None),
+    "sgn": ("jnp.sign(x)", None),
+    "neg": ("-x", None),
+    "reciprocal": ("1 / x", None),
+    "square": ("jnp.square(x)", None),
+    "sin": ("jnp.sin(x)", None),
+    "cos": ("jnp.cos(x)", None),
+    "tanh": ("jnp.tanh(x)", None),
+    "sigmoid": ("jax.nn.sigmoid(x)", "scipy.special.expit(x)"),
+    "relu": ("jax.nn.relu(x)", "np.maximum(x, 0)"),
+    "softmax": ("jax.nn.softmax(x, axis=d)", "scipy.special.softmax(x, axis=d)"),
+    "log_softmax": ("jax.nn.log_softmax(x, axis=d)", "scipy.special.log_softmax(x, axis=d)"),
+    "logsumexp": ("jax.nn.logsumexp(x, axis=d)", "scipy.special.logsumexp(x, axis=d)"),
+    "erf": ("jax.scipy.special.erf(x)", "scipy.special.erf(x)"),
+    "floor": ("jnp.floor(x)", None),
+    "ceil": ("jnp.ceil(x)", None),
+    "trunc": ("jnp.trunc(x)", None),
+    "frac": ("x - jnp.trunc(x)", None),
+    "fmod": ("jnp.fmod(x, y)", None),
+    "remainder": ("x % y", None),
+    "isnan": ("jnp.isnan(x)", None),
+    "isinf": ("jnp.isinf(x)", None),
+    "isfinite": ("jnp.isfinite(x)", None),
+    "nan_to_num": ("jnp.nan_to_num(x)", None),
+    "add": ("x + y", None),
+    "sub": ("x - y", None),
+    "mul": ("x * y", None),
+    "div": ("x / y", None),
+    "true_divide": ("x / y", None),
+    "mm": ("x @ y", None),
+    "bmm": ("x @ y", None),
+    "matmul": ("x @ y", None),
+    "mv": ("x @ y", None),
+    "outer": ("jnp.outer(x, y)", None),
+    "ger": ("jnp.outer(x, y)", None),
+    "cross": ("jnp.cross(x, y, axis=d)", None),
+    "lerp": ("x + weight * (y - x)", None),
+    "addcmul": ("x + value * a * b", None),
+    "addcdiv": ("x + value * a / b", None),
+    "triu": ("jnp.triu(x, k)", None),
+    "tril": ("jnp.tril(x, k)", None),
+    "diag": ("jnp.diag(x)", None),
+    "topk": ("jax.lax.top_k(x, k) (the last axis)", "np.argsort(-x, axis=-1)[..., :k] for the indices"),
+    "unique": ("jnp.unique(x, size=n, fill_value=...) (a fixed size under jax.jit)", "np.unique(x)"),
+    "logical_not": ("jnp.logical_not(x)", None),
+    "logical_and": ("jnp.logical_and(x, y)", None),
+    "logical_or": ("jnp.logical_or(x, y)", None),
+    # comparisons, clamps and masks
+    "le": ("x <= y", None),
+    "lt": ("x < y", None),
+    "ge": ("x >= y", None),
+    "gt": ("x > y", None),
+    "eq": ("x == y", None),
+    "ne": ("x != y", None),
+    "equal": ("jnp.array_equal(x, y)", None),
+    "allclose": ("jnp.allclose(x, y)", None),
+    "clamp": ("jnp.clip(x, lo, hi) (jnp.maximum(x, lo) for clamp(min=lo))", None),
+    "clamp_min": ("jnp.maximum(x, lo)", None),
+    "clamp_max": ("jnp.minimum(x, hi)", None),
+    "where": ("jnp.where(condition, x, y)", None),
+    "masked_fill": ("jnp.where(mask, value, x)", None),
+    "masked_select": (
+        "x[mask] outside a trace; under jax.jit a fixed size n: (i,) = jnp.nonzero(mask, size=n, fill_value=0), "
+        "then x[i], its rows past mask.sum() padding",
+        "x[mask]",
+    ),
+    "masked_scatter": ("x.at[jnp.nonzero(mask, size=n)].set(source[:n])", "x[mask] = source[: mask.sum()]"),
+    "index_select": ("jnp.take(x, index, axis=d)", None),
+    "gather": ("jnp.take_along_axis(x, index, axis=d)", None),
+    "scatter": (
+        "x.at[index].set(source) (jnp.put_along_axis for PyTorch's dim)",
+        "np.put_along_axis(x, index, source, axis=d)",
+    ),
+    "scatter_add": ("x.at[index].add(source)", "np.add.at(x, index, source)"),
+    "index_add": ("x.at[index].add(source)", "np.add.at(x, index, source)"),
+    "index_fill": ("x.at[index].set(value)", "x[index] = value"),
+    "index_copy": ("x.at[index].set(source)", "x[index] = source"),
+    "index_put": ("x.at[indices].set(values)", "x[indices] = values"),
+    # writes (in-place methods are spelled from these)
+    "fill": ("jnp.full_like(x, value)", None),
+    "zero": ("jnp.zeros_like(x)", None),
+    "copy": ("y itself (x = y)", None),
+    "fill_diagonal": ("x.at[jnp.diag_indices(n)].set(value)", "np.fill_diagonal(x, value)"),
+    "resize": ("x.reshape(shape)", None),
+    # autograd, which jaxfn's backward replaces
+    "backward": ("jax.grad or jax.vjp, outside the function (backward is this function's own)", None),
+    "grad": ("jax.grad(f)(x) (JAX arrays carry no .grad)", None),
+    "register_hook": ("jax.vjp of the function, or a jaxfn function whose backward does it", None),
+    "retain_grad": ("nothing: jax.grad returns the gradients asked for", None),
+}
+
+# PyTorch's keyword -> JAX's (and NumPy's) for the same argument.
+KEYWORDS = {"dim": "axis", "keepdim": "keepdims", "unbiased": "ddof"}
+
+_ARRAYS = (jax.Array, np.ndarray, np.generic, memoryview)
+_AT = "x = x.at[i].set(v)"
+_UNEXPECTED_KEYWORD = re.compile(r"([\w.]+)\(\) got an unexpected keyword argument '(\w+)'")
+
+
+def call(
+    function: str,
+    role: str,
+    user: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+    parameters: tuple[Sequence[str], Sequence[Any]] | None = None,
+) -> Any:
+    """``user(*args, **kwargs)``, the user's ``role`` ('forward', 'backward', 'jvp', 'vmap',
+    'setup_context') of the jaxfn function ``function``; where it raises a PyTorch habit (or a
+    traced flag), jaxfn's error instead, chained ``from`` the user's (or JAX's). ``parameters``:
+    forward's parameter names and values, to name the flag."""
+    try:
+        return user(*args, **kwargs) if kwargs else user(*args)
+    except Exception as err:  # noqa: BLE001 - the user's own, passed through unless it is a habit
+        said = translate(function, role, err, parameters)
+        if said is None:
+            raise
+        kind, sentence, cause = said
+        raise error(kind, function, sentence) from cause
+
+
+Said = tuple[type[AutogradFunctionError], str, BaseException]  # the error's kind, its sentence, its cause
+
+
+def translate(
+    function: str, role: str, err: BaseException, parameters: tuple[Sequence[str], Sequence[Any]] | None = None
+) -> Said | None:
+    """What jaxfn says of ``err``, raised in the user's ``role`` of ``function``: the error's kind,
+    its sentence and the exception it is chained from; None where ``err`` is none of the habits
+    this module knows (then it propagates as it is)."""
+    if isinstance(err, AutogradFunctionError):
+        cause = err.__cause__
+        return _with_parameter(role, cause, parameters) if _already_said(function, role, err) and cause else None
+    if isinstance(err, TRACER_ERRORS):  # under a trace (an eager call's are the user's own, unchanged)
+        if _jax_private.outside_traces(()):
+            return None
+        return _with_parameter(role, err, parameters) or (AutogradFunctionTypeError, _tracer_help(role, err), err)
+    if isinstance(err, AttributeError):
+        sentence = _method_help(role, getattr(err, "name", None), getattr(err, "obj", None))
+        return None if sentence is None else (ArrayAttributeError, sentence, err)
+    if isinstance(err, TypeError):
+        sentence = _keyword_help(role, str(err)) or _call_help(role, err)
+        return None if sentence is None else (AutogradFunctionTypeError, sentence, err)
+    return None
+
+
+def _already_said(function: str, role: str, err: AutogradFunctionError) -> bool:
+    """Whether ``err`` is the general tracer message jaxfn's wrapper of the user's functions gave
+    (chained from JAX's error), which may be said more precisely here."""
+    cause = err.__cause__
+    if cause is None or not isinstance(cause, TRACER_ERRORS):
+        return False
+    return str(err) == str(error(AutogradFunctionTypeError, function, _tracer_help(role, cause)))
+
+
+def _tracer_help(role: str, err: BaseException) -> str:
+    return tracer_error_help(role, err) or str(err)
+
+
+def _with_parameter(
+    role: str, err: BaseException, parameters: tuple[Sequence[str], Sequence[Any]] | None
+) -> Said | None:
+    """The tracer message naming forward's argument whose value JAX was asked for, where it is
+    known (a traced scalar, the very value forward got); None where it is not, or outside a trace."""
+    if parameters is None or _jax_private.outside_traces(()):
+        return None
+    tracer = concretized(err)
+    if tracer is None or getattr(tracer, "shape", None) != ():
+        return None
+    names, values = parameters
+    named = [name for name, value in zip(names, values) if value is tracer]
+    sentence = tracer_error_help(role, err, (named[0], tracer)) if len(named) == 1 else None
+    return None if sentence is None else (AutogradFunctionTypeError, sentence, err)
+
+
+def _method_help(role: str, name: str | None, obj: Any) -> str | None:
+    """The sentence for a PyTorch tensor method (or attribute) ``name`` missing from ``obj``, a
+    JAX or NumPy array (or the memoryview NumPy's ``.data`` is); None for anything else."""
+    if not name or name.startswith("__") or not isinstance(obj, _ARRAYS):
+        return None
+    in_place = name.endswith("_") and name[:-1] in METHODS
+    if name not in METHODS and not in_place:
+        return None
+    jax_spelling, numpy_spelling = METHODS[name[:-1] if in_place else name]
+    if isinstance(obj, jax.Array):
+        what, spelling = "a JAX array", jax_spelling
+    else:
+        what, spelling = (
+            "a NumPy array (host code gets NumPy arrays)",
+            numpy_spelling or jax_spelling.replace("jnp.", "np."),
+        )
+    if isinstance(obj, memoryview):
+        what = "a memoryview (what .data gives on a NumPy array: its raw memory, not PyTorch's tensor data)"
+        spelling = f"{spelling}, without .data (the NumPy array itself is its data)"
+    method = "a PyTorch tensor method" if not in_place else "PyTorch's in-place tensor method"
+    if in_place and isinstance(obj, jax.Array):
+        fix = f"JAX arrays are immutable: write x = {spelling} and return the new array ({_AT} for a write at i)"
+    elif in_place:
+        fix = f"NumPy writes in place by assignment: x[...] = {spelling} (or an operator in place, x *= y)"
+    else:
+        fix = f"write {spelling}"
+    return f"{role} used .{name}, {method}, on {what}, which has no .{name}; {fix}"
+
+
+def _keyword_help(role: str, message: str) -> str | None:
+    """The sentence for PyTorch's ``dim=``/``keepdim=`` given to a JAX or NumPy function."""
+    found = _UNEXPECTED_KEYWORD.search(message)
+    if found is None or found.group(2) not in KEYWORDS:
+        return None
+    called, keyword = found.group(1), found.group(2)
+    short = called.rsplit(".", 1)[-1].lstrip("_")
+    if not any(hasattr(module, short) for module in (jnp, np, jax.Array, np.ndarray, jax.nn)):
+        return None  # not a JAX or NumPy function: the user's own, whose keyword is theirs
+    spelled = KEYWORDS[keyword]
+    values = (
+        f" (x.{short}(axis=d) gives the values; x.arg{short}(axis=d) the indices, which PyTorch's {short}(dim) "
+        "returns too)"
+        if short in ("max", "min") and keyword == "dim"
+        else ""
+    )
+    if keyword == "unbiased":
+        values = " (unbiased=True is ddof=1, unbiased=False ddof=0)"
+    return (
+        f"{role} passed PyTorch's keyword {keyword}= to {short}(), which JAX and NumPy call {spelled}=; write "
+        f"{short}(..., {spelled}=...){values}"
+    )
+
+
+def _call_help(role: str, err: TypeError) -> str | None:
+    """The sentence for ``x.size()`` (JAX's and NumPy's ``size`` is an int) or arithmetic on the
+    memoryview NumPy's ``.data`` gives."""
+    message = str(err)
+    if "'memoryview'" in message:
+        return (
+            f"{role} computed with a memoryview ({message}), which is what .data gives on a NumPy array (its raw "
+            "memory, not PyTorch's tensor data); drop .data: the array itself is its data"
+        )
+    if message == "'int' object is not callable" and ".size(" in _failing_line(err):
+        return (
+            f"{role} called x.size(), PyTorch's tensor method, but an array's .size is its number of elements (an "
+            "int, PyTorch's x.numel()); write x.shape (x.shape[d] for x.size(d))"
+        )
+    return None
+
+
+def _failing_line(err: BaseException) -> str:
+    """The source line of the innermost frame of ``err``'s traceback ('' where there is none)."""
+    trace = err.__traceback__
+    if trace is None:
+        return ""
+    while trace.tb_next is not None:
+        trace = trace.tb_next
+    return linecache.getline(trace.tb_frame.f_code.co_filename, trace.tb_lineno)
