@@ -525,4 +525,9 @@ def test_saved_passes_python_numbers_as_they_are():
 
     f = jaxfn.autograd_function(forward, lambda ctx, g: (None, g * jnp.cos(ctx.saved_variables.z)), name="f")
     report = jaxfn.saved(lambda s, z: f(s, z).sum(), 2.5, jnp.ones(3))
-    assert [(r.function, r.save, r.kind) for r in report] == [("f", "z", "input")]
+    from jaxfn import _saves
+
+    if _saves.available():  # not on jax 0.10 with jax_remat3 on: JAX's checkpoint_name fails under vmap there
+        assert [(r.function, r.save, r.kind) for r in report] == [("f", "z", "input")]
+    else:
+        assert [r.kind for r in report] == ["input"]

@@ -11,6 +11,11 @@ import numpy as np
 import pytest
 
 import jaxfn
+from jaxfn import _saves
+
+NAMES = pytest.mark.skipif(
+    not _saves.available(), reason="JAX's checkpoint_name fails under vmap on jax 0.10 with jax_remat3 on: no names"
+)
 
 
 def reference(x, b, p):
@@ -284,6 +289,7 @@ def test_a_host_jvp_tangent_of_another_float_dtype_is_cast_as_the_traced_jvp_doe
             np.testing.assert_allclose(tangent, jnp.cos(x), rtol=1e-6)
 
 
+@NAMES
 def test_a_host_save_is_named_as_saved():
     def forward(ctx, x):
         ctx.save_for_backward(cosx=np.cos(x))
@@ -299,6 +305,7 @@ def test_a_host_save_is_named_as_saved():
     np.testing.assert_allclose(jax.grad(checkpointed)(X), jnp.cos(X), rtol=1e-6)
 
 
+@NAMES
 def test_a_closed_over_value_is_saved_under_its_own_name():
     def loss(w, x):
         def forward(ctx, x):
