@@ -349,11 +349,29 @@ def _run_probe(definition: _rule.Definition, args: Arguments, arrays: Any, flags
     raise error(
         AutogradFunctionTypeError,
         definition.name,
-        "a host forward (host=True) is run once per input signature on example arrays (ones, then seeded "
-        "standard-normal values) to learn the shapes of what it returns and saves, but it failed on both "
-        f"({type(first).__name__}: {first}; {type(last).__name__}: {last}); make forward accept such inputs "
-        "(it may branch on them)",
+        "under a JAX transformation a host forward (host=True) is run once per input signature on example "
+        "arrays to learn the shapes of what it returns and saves: jaxfn ran "
+        f"forward({_described_call(args, shapes, 'ones')}), then forward({_described_call(args, shapes, 'normal')}) "
+        f"(seeded standard-normal values), and it failed on both ({type(first).__name__}: {first}; "
+        f"{type(last).__name__}: {last}); make forward accept such inputs (it may branch on them; the Python "
+        "values are the call's own), or call it outside transformations, where forward runs on the values given",
     ) from last
+
+
+def _described_call(args: Arguments, shapes: list[tuple[Any, Any]], kind: str) -> str:
+    """The probe's call as jaxfn made it: each array as ``ones((3,), float32)``, each Python value as given."""
+    shown = [_Shown(f"{kind}({shape}, {np.dtype(dtype).name})") for shape, dtype in shapes]
+    return ", ".join(f"{name}={value!r}" for name, value in zip(args.names, args.values(shown)))
+
+
+class _Shown:
+    """An array in a message: ``repr`` is its description."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def _numpy_dtype(dtype: Any) -> Any:

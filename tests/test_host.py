@@ -415,7 +415,8 @@ def test_a_forward_that_fails_differently_on_both_probes_is_refused_naming_both(
         f(jnp.full(2, 2.0))  # eager: the call's own exception, before any probe
     with pytest.raises(
         jaxfn.AutogradFunctionError,
-        match=r"'picky': a host forward \(host=True\) is run once .* failed on both \(ValueError: no good at "
+        match=r"'picky': under a JAX transformation a host forward \(host=True\) is run once .* "
+        r"failed on both \(ValueError: no good at "
         r"1\.000; ValueError: no good at",
     ):
         jax.grad(lambda x: f(x).sum())(jnp.full(2, 2.0))
@@ -671,3 +672,21 @@ def test_jax_export_of_a_host_function_is_refused_naming_it():
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'hsin': it runs code on the host .* jax.export serializes"):
         jax.export.export(jax.jit(lambda x: hsin(x) * 2))(jax.ShapeDtypeStruct((3,), jnp.float32))
     np.testing.assert_allclose(jax.jit(hsin)(jnp.ones(3)), np.sin(np.ones(3)), rtol=1e-6)  # a plain jit is fine
+
+
+def test_a_probe_that_fails_says_what_jaxfn_ran():
+    def forward(ctx, x, n, mode="a"):
+        if np.all(x == 1):
+            raise ValueError("all ones")
+        if np.any(x < 0):
+            raise ValueError("negative")
+        return np.sin(x) * n
+
+    picky = jaxfn.autograd_function(forward, lambda ctx, g: {}, host=True, name="picky")
+    np.testing.assert_allclose(picky(jnp.zeros(3), 2), np.zeros(3))  # eagerly: forward runs on the values given
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'picky': .* jaxfn ran forward\(x=ones\(\(3,\), float\d+\), n=2, mode='a'\), then "
+        r"forward\(x=normal\(\(3,\), float\d+\), n=2, mode='a'\) .* \(ValueError: all ones; ValueError: negative\)",
+    ):
+        jax.jit(picky, static_argnums=1)(jnp.zeros(3), 2)
