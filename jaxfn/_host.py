@@ -341,7 +341,11 @@ def _run_probe(definition: _rule.Definition, args: Arguments, arrays: Any, flags
             raise
         except Exception as err:  # noqa: BLE001 - reported below with what the probe is for
             if failures and (type(err), str(err)) == (type(failures[0]), str(failures[0])):
-                raise  # it fails whatever the values: the user's own exception, as an eager call raises it
+                # the user's own exception, as an eager call raises it, with what jaxfn ran to get it
+                note = _PROBED.format(name=definition.name, ones=_described_call(args, shapes, "ones"))
+                if note not in getattr(err, "__notes__", ()):
+                    err.add_note(note)
+                raise
             failures.append(err)
             continue
         return _describe(definition.name, ctx, out, output, tuple(flags))
@@ -356,6 +360,15 @@ def _run_probe(definition: _rule.Definition, args: Arguments, arrays: Any, flags
         f"{type(last).__name__}: {last}); make forward accept such inputs (it may branch on them; the Python "
         "values are the call's own), or call it outside transformations, where forward runs on the values given",
     ) from last
+
+
+_PROBED = (
+    "jaxfn: '{name}': this was raised by the host forward (host=True) on example arrays jaxfn made, not on your "
+    "values: under a JAX transformation jaxfn runs forward once per input signature to learn the shapes of what "
+    "it returns and saves, as forward({ones}) and then on seeded standard-normal values, and it raised this on "
+    "both; if forward needs valid data (a positive-definite matrix, say), make it return outputs of the right "
+    "shapes on such inputs too (catch the error and return zeros), or call it outside transformations"
+)
 
 
 def _described_call(args: Arguments, shapes: list[tuple[Any, Any]], kind: str) -> str:

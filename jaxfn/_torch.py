@@ -281,11 +281,19 @@ class _Original:
         return jax.tree_util.tree_unflatten(treedef, tangents_out)
 
     def batched(self, in_dims: tuple[Any, ...], *args: Any) -> list[Any]:
-        """The Function under ``torch.func.vmap`` (its vmap rule), outputs batched at axis 0."""
+        """The Function under ``torch.func.vmap`` (its vmap rule): its tensor outputs batched at axis
+        0; its other output leaves (a Python number, unbatched: ``torch.func.vmap`` takes tensors
+        only) as the Function returned them, and ``None`` outputs dropped, as everywhere."""
         tensors = [self.tensor(a) for a in args]
+        returned: list[Any] = []
+
+        def tensor_leaves(*given: Any) -> tuple[Any, ...]:
+            returned[:] = jax.tree_util.tree_leaves(self.function.apply(*given))
+            return tuple(leaf for leaf in returned if isinstance(leaf, self.torch.Tensor))
+
         with self.torch.no_grad():
-            out = self.torch.func.vmap(self.function.apply, in_dims=in_dims, out_dims=0)(*tensors)
-        return [self.array(leaf) for leaf in jax.tree_util.tree_leaves(out)]
+            batched = iter(self.torch.func.vmap(tensor_leaves, in_dims=in_dims, out_dims=0)(*tensors))
+        return [self.array(next(batched)) if isinstance(leaf, self.torch.Tensor) else leaf for leaf in returned]
 
 
 # ml_dtypes' types NumPy's DLPack can't carry, by torch's name for them: the integer type of their bits
@@ -317,7 +325,8 @@ class _Batched:
             it = iter(values)
             full = [np.asarray(next(it)) if isinstance(a, (jax.Array, np.ndarray)) else a for a in args]
             outs = self.original.batched(dims, *full)
-            return tuple(np.asarray(o).astype(s.dtype, copy=False) for o, s in zip(outs, specs))
+            # an unbatched leaf (a Python number) is the same for every element of the batch
+            return tuple(np.broadcast_to(np.asarray(o).astype(s.dtype), s.shape) for o, s in zip(outs, specs))
 
         outs = jax.pure_callback(host, tuple(specs), *arrays, vmap_method="sequential")
         return description.rebuild(list(outs)), 0

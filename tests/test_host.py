@@ -690,3 +690,14 @@ def test_a_probe_that_fails_says_what_jaxfn_ran():
         r"forward\(x=normal\(\(3,\), float\d+\), n=2, mode='a'\) .* \(ValueError: all ones; ValueError: negative\)",
     ):
         jax.jit(picky, static_argnums=1)(jnp.zeros(3), 2)
+
+
+def test_a_forward_that_needs_valid_data_fails_on_the_probe_with_its_own_exception_and_a_note():
+    chol = jaxfn.autograd_function(lambda ctx, a: np.linalg.cholesky(a), lambda ctx, g: g, host=True, name="chol")
+    a = jnp.array([[4.0, 1.0], [1.0, 3.0]])
+    np.testing.assert_allclose(chol(a), np.linalg.cholesky(np.asarray(a)), rtol=1e-6)  # eagerly: the values given
+    with pytest.raises(np.linalg.LinAlgError) as caught:
+        jax.jit(chol)(a)
+    (note,) = [n for n in caught.value.__notes__ if n.startswith("jaxfn:")]
+    assert "jaxfn: 'chol': this was raised by the host forward (host=True) on example arrays jaxfn made" in note
+    assert "forward(a=ones((2, 2), float" in note and "catch the error and return zeros" in note

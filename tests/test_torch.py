@@ -696,3 +696,35 @@ def test_forward_mode_through_a_numpy_output_is_refused_and_compare_names_an_ari
     two = jaxfn.autograd_function(lambda ctx, x, y: x * y, lambda ctx, g: (g, g), name="two")
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'One': jaxfn.compare calls the port and the original"):
         jaxfn.compare(two, One, np.ones(3), np.ones(3))
+
+
+def test_a_generated_vmap_rule_with_none_and_number_outputs():
+    """torch.func.vmap takes tensor outputs only: a None output is dropped and a number is the same
+    for every element, as everywhere else."""
+
+    class SinCos(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x, b, w):
+            return None, torch.sin(x) * w, torch.cos(x) * w, 3
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0], inputs[2])
+
+        @staticmethod
+        def backward(ctx, g_none, gy, gz, g3):
+            x, w = ctx.saved_tensors
+            return gy * torch.cos(x) * w - gz * torch.sin(x) * w, None, (gy * torch.sin(x) + gz * torch.cos(x)).sum()
+
+    port = jaxfn.from_torch(SinCos)
+    xs, w = jnp.array([[0.3, -0.7, 1.1], [0.6, -1.4, 2.2]]), jnp.array(1.7)
+    for run in (jax.vmap, lambda f: jax.jit(jax.vmap(f))):
+        none, y, z, three = run(lambda x: port(x, None, w))(xs)
+        assert none is None
+        np.testing.assert_allclose(y, jnp.sin(xs) * w, rtol=1e-6)
+        np.testing.assert_allclose(z, jnp.cos(xs) * w, rtol=1e-6)
+        np.testing.assert_array_equal(three, [3, 3])
+    grads = jax.vmap(jax.grad(lambda x: port(x, None, w)[1].sum()))(xs)
+    np.testing.assert_allclose(grads, jnp.cos(xs) * w, rtol=1e-6)
