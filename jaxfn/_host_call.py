@@ -76,18 +76,11 @@ def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
     if _jax_private.inside_export():
         raise error(AutogradFunctionTypeError, name, EXPORT)
 
-    @jax.custom_jvp
-    def call(*arrays: Any) -> Any:
-        return jax.pure_callback(host, specs, *arrays, vmap_method="sequential")
-
-    def refuse(primals: Any, tangents: Any) -> Any:
-        raise error(AutogradFunctionTypeError, name, ONCE)
-
-    call.defjvp(refuse)
     raised = None
     host.armed, host.raised = True, None
     try:
-        results = _varying_like(arrays, call(*arrays))
+        given = _rule.nondifferentiable(name, ONCE, arrays)  # a derivative through host code: refused
+        results = _varying_like(arrays, jax.pure_callback(host, specs, *given, vmap_method="sequential"))
         if all(isinstance(r, jax.Array) and not isinstance(r, Tracer) for r in results):
             jax.block_until_ready(results)  # run at once: an asynchronous device reports here, not later
         return results

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from . import _anomaly, _arguments, _context, _gradients, _jax_private, _outputs, _pytorch_names
 from ._arguments import DIFF, Arguments
@@ -375,24 +376,38 @@ _DIFFERENTIATED_AGAIN = (
 
 
 def _call_once_differentiable(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> Any:
-    """Backward inside a ``jax.custom_jvp`` whose derivative rule refuses, naming the function.
-
-    Every array backward reads (the context's arrays and the grad_outputs) is an explicit input,
-    so any differentiation of backward reaches the refusing rule.
-    """
+    """Backward on what it reads (the context's arrays and the grad_outputs) passed through
+    ``nondifferentiable``: any differentiation of backward reaches the refusal, naming the function."""
     saved, remainder = ctx.to_residuals()
     leaves, treedef = jax.tree_util.tree_flatten(grad_outputs)
+    saved, leaves = nondifferentiable(definition.name, _DIFFERENTIATED_AGAIN, (saved, leaves))
+    again = Context.from_residuals(saved, remainder)
+    return _pytorch_names.call(
+        definition.name, "backward", definition.backward, (again, *jax.tree_util.tree_unflatten(treedef, leaves))
+    )
 
-    @jax.custom_jvp
-    def backward(saved: list[Any], leaves: list[Any]) -> Any:
-        again = Context.from_residuals(saved, remainder)
-        return definition.backward(again, *jax.tree_util.tree_unflatten(treedef, leaves))
 
-    def refuse(primals: Any, tangents: Any) -> Any:
-        raise error(AutogradFunctionTypeError, definition.name, _DIFFERENTIATED_AGAIN)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def nondifferentiable(name: str, sentence: str, values: Any) -> Any:
+    """``values`` (a pytree of arrays), unchanged; differentiating through them raises jaxfn's
+    error naming ``name`` with ``sentence``, where a tangent is not zero (a value JAX does not
+    differentiate passes: host code on saved values, say). Made once, as Equinox's
+    ``nondifferentiable``: what host calls and ``once_differentiable`` backwards pass through."""
+    return values
 
-    backward.defjvp(refuse)
-    return backward(saved, leaves)
+
+def _refuse_tangents(name: str, sentence: str, primals: Any, tangents: Any) -> Any:
+    (values,), (given,) = primals, tangents
+    if any(not isinstance(t, SymbolicZero) for t in jax.tree_util.tree_leaves(given, is_leaf=_is_zero)):
+        raise error(AutogradFunctionTypeError, name, sentence)
+    return values, given
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, SymbolicZero)
+
+
+nondifferentiable.defjvp(_refuse_tangents, symbolic_zeros=True)
 
 
 _SETUP_TAKES = "(ctx, inputs, output), as in PyTorch: the context, the tuple of forward's inputs and its output"
