@@ -1,13 +1,15 @@
 """``jaxfn.compare``: a jaxfn port checked against the original PyTorch Function, located like gradcheck.
 
 Both run on the same inputs: forward's outputs, the gradients for every set of array leaves
-``needs_input_grad`` can name (the same seeded cotangents on both sides), where the original
-defines them its ``jvp`` (seeded tangents) and ``vmap`` (a batch of two) results, and with
-``order=2`` second derivatives. Every array counts however it is passed (positionally, by
-keyword, inside a tuple, list or dict, located by its key path), and arrays cross to PyTorch by
-``from_torch``'s one conversion. Each value that differs is a row: the check, the output or
-parameter with its path, the index, both values; an exception the port raises is a row too.
-What could not be compared is listed, and a difference with a known cause is explained in a note.
+``needs_input_grad`` can name (the same seeded cotangents on both sides; beyond six leaves each
+alone, each pair, each all but one and all, the others listed), where the original defines them
+its ``jvp`` (seeded tangents) and ``vmap`` (a batch of two: every array at axis 0, at another
+axis, and each alone, the others unbatched) results, and with ``order=2`` second derivatives.
+Every array counts however it is passed (positionally, by keyword, inside a tuple, list or dict,
+located by its key path), and arrays cross to PyTorch by ``from_torch``'s one conversion. Each
+value that differs is a row: the check, the output or parameter with its path, the index, both
+values; an exception the port raises is a row too. What could not be compared is listed, and a
+difference with a known cause is explained in a note.
 """
 
 from __future__ import annotations
@@ -27,15 +29,20 @@ from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, erro
 from ._function import Function
 
 _TOLERANCES = {2: (1e-2, 1e-3), 4: (1e-4, 1e-5), 8: (1e-7, 1e-9)}  # itemsize: (rtol, atol)
-_MOST_SUBSETS = 6  # beyond this many differentiable leaves: each alone, and all together
+_ALL_SUBSETS = 6  # up to this many differentiable leaves every subset; beyond: each alone, each pair, all but one, all
 _NESTED_GRADIENT = (
     "PyTorch gives no gradient to a tensor inside a tuple, list or dict argument of a Function (only a tensor "
     "argument itself gets one), so the original's gradient for {where} is zero where the port's is not"
 )
 _NARROWER = (
-    "the original computes in {narrow} though its inputs are {wide} (torch.Tensor(ndarray) and "
-    "torch.FloatTensor make float32 whatever the array's dtype), so every value is compared at {narrow}'s "
-    "tolerance (rtol {rtol:g}, atol {atol:g})"
+    "the original computes in {narrow} though its inputs are {wide}, in {outputs}{why}, so {outputs} and the "
+    "gradients from {its} cotangent{s} are compared at {narrow}'s tolerance (rtol {rtol:g}, atol {atol:g}){others}"
+)
+_FLOAT32 = " (torch.Tensor(ndarray) and torch.FloatTensor make float32 whatever the array's dtype)"
+_OTHERS = "; the other outputs, and the gradients from theirs, at their own dtype's"
+_SUBSETS_LEFT = (
+    "gradients not compared for {left} of the {total} needs_input_grad subsets: those naming 3 to {most} of the "
+    "{n} differentiable arrays (compared: each alone, each pair, each all but one, and all {n})"
 )
 _DIRTY = (
     "the original writes {inputs} in place (ctx.mark_dirty), and PyTorch's backward reads back what forward "
@@ -115,8 +122,11 @@ def compare(
     """Check a jaxfn port against the original PyTorch `torch.autograd.Function`, on the same inputs.
 
     Compares forward's outputs, the gradients for each set of array arguments that
-    `needs_input_grad` can name (seeded cotangents, the same on both sides), and, where the
-    original defines them, its `jvp` (seeded tangents) and `vmap` (a batch of two) results;
+    `needs_input_grad` can name (seeded cotangents, the same on both sides; with more than six
+    differentiable arrays each alone, each pair, each all but one and all, and the count of the
+    others is listed as not compared), and, where the original defines them, its `jvp` (seeded
+    tangents) and `vmap` results (a batch of two, with the same in_dims on both sides: every array
+    batched at axis 0, every array at a non-zero axis, and each array alone, the others unbatched);
     `order=2` compares second derivatives too. Every array counts however it is passed:
     positionally, by keyword, or inside a tuple, list or dict (located by its key path). Arrays
     become tensors by `from_torch`'s conversion (bfloat16 and float8 by their bits). Values are
@@ -124,9 +134,10 @@ def compare(
     1e-4/1e-5, float64: 1e-7/1e-9) unless given. An exception the port raises (in forward,
     backward, its jvp or vmap rule) is a disagreement carrying its type and message. What could
     not be compared is listed with why, and a difference with a known cause names it: the
-    original computing in a narrower dtype than its inputs (then compared at that dtype's
-    tolerance), an in-place write (`ctx.mark_dirty`) that PyTorch's backward reads back, a
-    second derivative PyTorch does not take through a value forward computed. A dtype difference
+    original computing an output in a narrower dtype than its inputs (that output, and the
+    gradients from its cotangent, then compared at that dtype's tolerance; the others at theirs),
+    an in-place write (`ctx.mark_dirty`) that PyTorch's backward reads back, a second derivative
+    PyTorch does not take through a value forward computed. A dtype difference
     that follows from JAX's 32-bit default (float32 where PyTorch computed float64, with x64 off)
     is a note, not a failure.
 
@@ -214,7 +225,9 @@ class _Run:
         self.same_outputs = True  # whether the outputs' count and shapes agree (forward's check says)
         self.port_forward_failed = False
         self.diff = [i for i, v in enumerate(self.given) if _is_inexact(v)]
-        self.narrow: np.dtype | None = None  # the dtype the original computes in, narrower than its inputs
+        self.narrow: dict[int, np.dtype] = {}  # output -> its dtype in the original, narrower than the inputs'
+
+        self.inexact_outputs: list[int] = []  # the original's float and complex outputs
 
     # -- the two sides ---------------------------------------------------------------------------
     def tensors(self, flags: Any = ()) -> list[Any]:
@@ -264,19 +277,54 @@ class _Run:
         self.leaves_of(report, "forward", "output", ours, theirs)
         self.same_outputs = [np.shape(a) for a in ours] == [np.shape(_numpy(self.torch, b)) for b in theirs]
 
-    def narrower(self, outputs: list[Any], report: Report) -> np.dtype | None:
-        """The float dtype the original computes in where it is narrower than its inputs' (noted)."""
+    def narrower(self, outputs: list[Any], report: Report) -> dict[int, np.dtype]:
+        """Each output the original computes in a float dtype narrower than its inputs', with that
+        dtype (noted, naming the outputs): it alone, and the gradients from its cotangent, are
+        compared at that dtype's tolerance."""
+        made = {k: _numpy(self.torch, o).dtype for k, o in enumerate(outputs) if hasattr(o, "dtype")}
+        made = {k: d for k, d in made.items() if _kind(d) in "fc"}
+        self.inexact_outputs = list(made)
         inputs = [np.asarray(self.given[i]).dtype for i in self.diff]
-        made = [_numpy(self.torch, o).dtype for o in outputs if hasattr(o, "dtype")]
-        made = [d for d in made if _kind(d) in "fc"]
-        if not inputs or not made:
-            return None
-        wide, narrow = max(inputs, key=_real_size), min(made, key=_real_size)
-        if _real_size(narrow) >= _real_size(wide):
-            return None
-        rtol, atol = self.tolerance(narrow, narrow)
-        report.notes.append(_NARROWER.format(narrow=narrow, wide=wide, rtol=rtol, atol=atol))
+        if not inputs:
+            return {}
+        wide = max(inputs, key=_real_size)
+        narrow = {k: d for k, d in made.items() if _real_size(d) < _real_size(wide)}
+        for dtype in sorted(set(narrow.values()), key=_real_size):
+            which = [k for k, d in narrow.items() if d == dtype]
+            rtol, atol = self.tolerance(dtype, dtype, dtype)
+            report.notes.append(
+                _NARROWER.format(
+                    narrow=dtype,
+                    wide=wide,
+                    outputs=_outputs(which),
+                    why=_FLOAT32 if dtype == np.float32 else "",
+                    its="its" if len(which) == 1 else "their",
+                    s="" if len(which) == 1 else "s",
+                    rtol=rtol,
+                    atol=atol,
+                    others=_OTHERS if len(which) < len(made) else "",
+                )
+            )
         return narrow
+
+    def flows(self) -> list[tuple[str, set[int] | None, np.dtype | None]]:
+        """The outputs whose cotangents are sent back together (None: all), each group with the
+        narrower dtype its gradients flow through (None: the gradients' own): one group (every
+        output, no label) unless the original computes some outputs narrower than others, so that
+        a narrow side output never loosens the check of a gradient that does not flow through it."""
+        keys = {k: self.narrow.get(k) for k in self.inexact_outputs}
+        distinct = sorted(set(keys.values()), key=lambda d: -16 if d is None else -_real_size(d))
+        if len(distinct) <= 1:
+            return [("", None, distinct[0] if distinct else None)]
+        groups: list[tuple[str, set[int] | None, np.dtype | None]] = []
+        for key in distinct:
+            chosen = [k for k, d in keys.items() if d == key]
+            groups.append((f" from {_outputs(chosen)}", set(chosen), key))
+        return groups
+
+    def sent(self, cotangents: list[np.ndarray], kept: set[int] | None) -> list[np.ndarray]:
+        """The cotangents of one group of outputs (``flows``), the others' zero."""
+        return [c if kept is None or k in kept else np.zeros_like(c) for k, c in enumerate(cotangents)]
 
     def gradients(self, report: Report) -> None:
         if not self.diff:
@@ -289,11 +337,7 @@ class _Run:
                 "gradients not compared: the port's outputs differ from the original's (see forward)"
             )
             return
-        subsets = (
-            [c for k in range(1, len(self.diff) + 1) for c in itertools.combinations(self.diff, k)]
-            if len(self.diff) <= _MOST_SUBSETS
-            else [(i,) for i in self.diff] + [tuple(self.diff)]
-        )
+        subsets = self.subsets(report)
         with self.torch.no_grad():
             outs = [_numpy(self.torch, t) for t in self.original_call(self.tensors())]
         # complex outputs get complex cotangents; PyTorch's complex gradients are the conjugates of
@@ -301,26 +345,39 @@ class _Run:
         cotangents = [_random(self.rng, np.shape(o), np.iscomplexobj(o)) for o in outs]
         dirty: list[str] = []
         nested: list[str] = []
-        for subset in subsets:
+        for subset, (label, kept, narrow) in itertools.product(subsets, self.flows()):
             flags = tuple(i in subset for i in range(len(self.given)))
-            check = f"gradient needs_input_grad={flags}"
+            check = f"gradient needs_input_grad={flags}{label}"
             report.checks.append(check)
-            theirs, written = self.original_gradients(subset, cotangents)
+            sent = self.sent(cotangents, kept)
+            theirs, written = self.original_gradients(subset, sent)
             dirty += [w for w in written if w not in dirty]
             try:
-                ours = self.port_gradients(list(subset), cotangents)
+                ours = self.port_gradients(list(subset), sent)
             except Exception as err:  # noqa: BLE001 - the port's backward raised: a disagreement
                 self.raised(report, check, err, "gradients")
                 continue
             for i, a, b in zip(subset, ours, theirs):
                 before = len(report.rows)
                 where = f"parameter '{self.labels[i]}'"
-                self.values(report, check, where, np.asarray(a), np.zeros(np.shape(a)) if b is None else b)
+                self.values(report, check, where, np.asarray(a), np.zeros(np.shape(a)) if b is None else b, narrow)
                 if len(report.rows) > before and b is None and self.nested[i] and where not in nested:
                     nested.append(where)
         report.notes += [_NESTED_GRADIENT.format(where=where) for where in nested]
         if dirty and any(r.check.startswith("gradient") for r in report.rows):
             report.notes.append(_DIRTY.format(inputs=", ".join(dirty)))
+
+    def subsets(self, report: Report) -> list[tuple[int, ...]]:
+        """The sets of differentiable leaves whose gradients are compared (each a ``needs_input_grad``):
+        every one up to ``_ALL_SUBSETS`` leaves; beyond, each alone, each pair, each all but one and
+        all, and the count of those left out is listed."""
+        n = len(self.diff)
+        if n <= _ALL_SUBSETS:
+            return [c for k in range(1, n + 1) for c in itertools.combinations(self.diff, k)]
+        chosen = [c for k in (1, 2, n - 1, n) for c in itertools.combinations(self.diff, k)]
+        total = 2**n - 1
+        report.not_compared.append(_SUBSETS_LEFT.format(left=total - len(chosen), total=total, most=n - 2, n=n))
+        return chosen
 
     def original_gradients(self, subset: tuple[int, ...], cotangents: list[np.ndarray]) -> tuple[list[Any], list[str]]:
         """The original's gradients for the leaves ``subset`` (None where PyTorch gives none), and
@@ -343,7 +400,7 @@ class _Run:
                 torch.autograd.grad(
                     [o for o, _ in pairs],
                     wanted,
-                    [_torch.tensor_of(torch, np.conj(c)).to(o.dtype) for o, c in pairs],
+                    [_torch.tensor_of(torch, np.asarray(np.conj(c))).to(o.dtype) for o, c in pairs],
                     allow_unused=True,
                 )
             )
@@ -372,7 +429,7 @@ class _Run:
         if not top:
             return
         report.checks.append("jvp")
-        tangents = {i: self.rng.standard_normal(np.shape(self.given[i])) for i in top}
+        tangents = {i: _random(self.rng, np.shape(self.given[i]), False) for i in top}
         tensors = self.tensors()
         with _torch.forward_ad(self.torch) as forward_ad:
             duals = [
@@ -412,17 +469,47 @@ class _Run:
         if self.port_forward_failed:
             report.not_compared.append("vmap not compared: the port's forward raised (see forward)")
             return
-        report.checks.append("vmap")
-        batch = [
-            np.stack([np.asarray(v), np.asarray(v) + 0.1 * self.rng.standard_normal(np.shape(v))]).astype(
-                np.asarray(v).dtype
+        arrays = [i for i, v in enumerate(self.given) if _is_array(v)]
+        if not arrays:
+            report.not_compared.append("vmap not compared: the call has no array argument to batch")
+            return
+        for batching in self.batchings(arrays):
+            self.vmap_of(report, arrays, batching)
+
+    def batchings(self, arrays: list[int]) -> list[dict[int, int]]:
+        """The batch axis of each batched array leaf (the others unbatched, in_dims None), one dict per
+        vmap compared: every array at axis 0; every array at its last axis, and at axis 1, where an
+        array has one (a batch axis other than 0); and each array alone, at axis 0 and at its last."""
+        ndim = {i: np.ndim(self.given[i]) for i in arrays}
+        batchings = [dict.fromkeys(arrays, 0)]
+        if any(ndim.values()):
+            batchings.append(dict(ndim))  # after every data axis (a scalar's only axis is 0)
+        if any(d >= 2 for d in ndim.values()):
+            batchings.append({i: min(1, ndim[i]) for i in arrays})
+        if len(arrays) > 1:
+            for i in arrays:
+                batchings += [{i: 0}] + ([{i: ndim[i]}] if ndim[i] else [])
+        return batchings
+
+    def vmap_of(self, report: Report, arrays: list[int], batching: dict[int, int]) -> None:
+        """One vmap compared: the original through ``torch.func.vmap``, the port through ``jax.vmap``,
+        with the same in_dims (a batch of two along ``batching``'s axes)."""
+        in_dims = "in_dims=(" + ", ".join(f"{self.labels[i]}={batching.get(i)}" for i in arrays) + ")"
+        check = f"vmap {in_dims}"
+        report.checks.append(check)
+        batch = list(self.given)
+        for i, axis in batching.items():
+            v = np.asarray(self.given[i])
+            two = (
+                np.stack([v, v + 0.1 * self.rng.standard_normal(v.shape)]).astype(v.dtype)
+                if _is_inexact(v)
+                else np.stack([v, v])
             )
-            if _is_inexact(v)
-            else (np.stack([np.asarray(v)] * 2) if _is_array(v) else v)
-            for v in self.given
-        ]
-        dims = [0 if _is_array(v) else None for v in self.given]
-        torch_args, torch_kwargs = tree_unflatten(self.treedef, [_torch.tensor_of(self.torch, b) for b in batch])
+            batch[i] = np.ascontiguousarray(np.moveaxis(two, 0, axis))
+        dims = [batching.get(i) for i in range(len(self.given))]
+        torch_args, torch_kwargs = tree_unflatten(
+            self.treedef, [_torch.tensor_of(self.torch, b) if _is_array(b) else b for b in batch]
+        )
         torch_dims = tree_unflatten(self.treedef, dims)
         try:
             with self.torch.no_grad():
@@ -430,11 +517,10 @@ class _Run:
                     lambda a, k: self.function.apply(*a, **k), in_dims=(tuple(torch_dims[0]), torch_dims[1])
                 )(tuple(torch_args), torch_kwargs)
         except Exception as err:  # noqa: BLE001 - a vmap rule that batches some arguments only: listed
-            report.checks.remove("vmap")
+            report.checks.remove(check)
             first = (str(err).splitlines() or [""])[0]
             report.not_compared.append(
-                f"vmap not compared: the original raised {type(err).__name__} with every array argument batched "
-                f"({first})"
+                f"vmap not compared: the original raised {type(err).__name__} with {in_dims} ({first})"
             )
             return
         theirs = jax.tree_util.tree_leaves(out)
@@ -446,20 +532,29 @@ class _Run:
                 )
             )
         except Exception as err:  # noqa: BLE001 - the port's vmap rule (or its batching) raised: a row
-            self.raised(report, "vmap", err, "outputs")
+            self.raised(report, check, err, "outputs")
             return
-        self.leaves_of(report, "vmap", "output", ours, theirs)
+        self.leaves_of(report, check, "output", ours, theirs)
 
     def second(self, report: Report) -> None:
-        """Second derivatives (reverse over reverse) along seeded directions, for every array leaf at once."""
+        """Second derivatives (reverse over reverse) along seeded directions, for every array leaf at
+        once (per group of outputs where the original computes some narrower, as ``flows`` says)."""
         if self.port_forward_failed or not self.same_outputs or not self.diff:
             report.not_compared.append("second derivative not compared: forward or its outputs differ (see forward)")
             return
-        torch, check = self.torch, "second derivative"
-        with torch.no_grad():
-            outs = [_numpy(torch, t) for t in self.original_call(self.tensors())]
+        with self.torch.no_grad():
+            outs = [_numpy(self.torch, t) for t in self.original_call(self.tensors())]
         cotangents = [_random(self.rng, np.shape(o), False) for o in outs]
-        directions = [self.rng.standard_normal(np.shape(self.given[i])) for i in self.diff]
+        directions = [_random(self.rng, np.shape(self.given[i]), False) for i in self.diff]
+        for label, kept, narrow in self.flows():
+            if not self.second_of(report, f"second derivative{label}", self.sent(cotangents, kept), directions, narrow):
+                return
+
+    def second_of(
+        self, report: Report, check: str, cotangents: list[np.ndarray], directions: list[np.ndarray], narrow: Any
+    ) -> bool:
+        """One second-derivative check; False where the original could not be differentiated twice."""
+        torch = self.torch
         report.checks.append(check)
         tensors = self.tensors(self.diff)
         wanted = [tensors[i] for i in self.diff]
@@ -492,7 +587,7 @@ class _Run:
                 f"second derivative not compared: the original raised {type(err).__name__} "
                 f"({(str(err).splitlines() or [''])[0]})"
             )
-            return
+            return False
         computed = _computed_saves(torch, out, given)
 
         def first_order(*chosen: Any) -> Any:
@@ -506,13 +601,14 @@ class _Run:
             ours = jax.grad(first_order, argnums=tuple(range(len(self.diff))))(*[self.leaves[i] for i in self.diff])
         except Exception as err:  # noqa: BLE001 - the port's second derivative raised: a row
             self.raised(report, check, err, "second derivatives")
-            return
+            return True
         before = len(report.rows)
         for i, a, b in zip(self.diff, ours, theirs):
             b = np.zeros(np.shape(a)) if b is None else _numpy(torch, b)
-            self.values(report, check, f"parameter '{self.labels[i]}'", np.asarray(a), b)
-        if len(report.rows) > before and computed:
+            self.values(report, check, f"parameter '{self.labels[i]}'", np.asarray(a), b, narrow)
+        if len(report.rows) > before and computed and _NOT_THROUGH not in report.notes:
             report.notes.append(_NOT_THROUGH)
+        return True
 
     # -- locating --------------------------------------------------------------------------------
     def leaves_of(self, report: Report, check: str, what: str, ours: list[Any], theirs: list[Any]) -> None:
@@ -522,14 +618,18 @@ class _Run:
         for k, (a, b) in enumerate(zip(ours, theirs)):
             self.values(report, check, f"{what} {k}", np.asarray(a), _numpy(self.torch, b))
 
-    def tolerance(self, a: np.dtype, b: np.dtype) -> tuple[float, float]:
+    def tolerance(self, a: np.dtype, b: np.dtype, narrow: np.dtype | None = None) -> tuple[float, float]:
+        """The tolerance of the narrower of two dtypes, and of ``narrow`` (the dtype of the original's
+        outputs a gradient flows from, where narrower than its inputs) where given."""
         size = min(_real_size(a), _real_size(b)) if _kind(a) in "fc" else 8
-        if self.narrow is not None:
-            size = min(size, _real_size(self.narrow))
+        if narrow is not None:
+            size = min(size, _real_size(narrow))
         rtol, atol = _TOLERANCES.get(size, _TOLERANCES[8])
         return (self.rtol if self.rtol is not None else rtol), (self.atol if self.atol is not None else atol)
 
-    def values(self, report: Report, check: str, where: str, a: np.ndarray, b: np.ndarray) -> None:
+    def values(
+        self, report: Report, check: str, where: str, a: np.ndarray, b: np.ndarray, narrow: np.dtype | None = None
+    ) -> None:
         if a.shape != b.shape:
             report.rows.append(Row(check, where, None, f"shape {a.shape}", f"shape {b.shape}"))
             return
@@ -541,7 +641,7 @@ class _Run:
             note = f"{check}, {where}: {a.dtype} where the original has {b.dtype}, JAX's 32-bit default (x64 off)"
             if note not in report.notes:
                 report.notes.append(note)
-        rtol, atol = self.tolerance(a.dtype, b.dtype)
+        rtol, atol = self.tolerance(a.dtype, b.dtype, narrow)
         if _kind(a.dtype) in "fc":
             wide = np.complex128 if "c" in (_kind(a.dtype), _kind(b.dtype)) else np.float64
             a, b = a.astype(wide), b.astype(wide)
@@ -549,6 +649,10 @@ class _Run:
         if not np.all(close):
             index = tuple(int(i) for i in np.argwhere(~close)[0])
             report.rows.append(Row(check, where, index, a[index].item(), b[index].item()))
+
+
+def _outputs(which: list[int]) -> str:
+    return f"output {which[0]}" if len(which) == 1 else "outputs " + ", ".join(str(k) for k in which)
 
 
 def _computed_saves(torch: Any, outputs: list[Any], inputs: list[Any]) -> bool:
@@ -567,7 +671,8 @@ def _computed_saves(torch: Any, outputs: list[Any], inputs: list[Any]) -> bool:
 
 
 def _random(rng: np.random.Generator, shape: tuple, complex_: bool) -> np.ndarray:
-    return rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if complex_ else 0)
+    """Seeded values of ``shape``, always an array (a 0-d one too: a tensor is made of it)."""
+    return np.asarray(rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if complex_ else 0))
 
 
 def _label(path: tuple, names: list[str]) -> str:

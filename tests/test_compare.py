@@ -204,3 +204,234 @@ def test_a_second_derivative_pytorch_does_not_take_is_named():
 def test_order_must_be_1_or_2():
     with pytest.raises(ValueError, match=r"'Scale': jaxfn.compare's order must be 1 or 2, but got 3"):
         jaxfn.compare(_scale_port(), Scale, X, W, order=3)
+
+
+# -- vmap: each array argument batched alone, and at a non-zero axis, as well as all at axis 0 ------
+
+
+class MulV(torch.autograd.Function):  # x * w with a vmap rule right for every in_dims
+    @staticmethod
+    def forward(x, w):
+        return x * w
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, g * x
+
+    @staticmethod
+    def vmap(info, in_dims, x, w):
+        x = x.movedim(in_dims[0], 0) if in_dims[0] is not None else x
+        w = w.movedim(in_dims[1], 0) if in_dims[1] is not None else w
+        return x * w, 0
+
+
+class DotV(torch.autograd.Function):  # (x * w).sum() with a vmap rule right for every in_dims
+    @staticmethod
+    def forward(x, w):
+        return (x * w).sum()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, g * x
+
+    @staticmethod
+    def vmap(info, in_dims, x, w):
+        x = x.movedim(in_dims[0], 0) if in_dims[0] is not None else x
+        w = w.movedim(in_dims[1], 0) if in_dims[1] is not None else w
+        return (x * w).sum(-1), 0
+
+
+def _mul_port(rule, forward=lambda x, w: x * w):
+    class Port(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return forward(x, w)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g * w, g * x
+
+        vmap = staticmethod(rule)
+
+    return Port
+
+
+def _moved(in_dims, *arrays):
+    return [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, in_dims)]
+
+
+def test_a_vmap_rule_wrong_for_an_unbatched_argument_disagrees():
+    def assumes_w_batched(info, in_dims, x, w):  # indexes w's batch axis, which an unbatched w lacks
+        x, w = _moved(in_dims, x, w)
+        return x * w[:, :1] * 0 + x * w, 0
+
+    report = jaxfn.compare(_mul_port(assumes_w_batched), MulV, X, W)
+    assert not report, str(report)
+    assert all(r.check.startswith("vmap") for r in report.rows), str(report)
+    assert any("w=None" in r.check for r in report.rows), str(report)
+
+    def sums_after_x_s_batch_axis(info, in_dims, x, w):  # reads x's ndim as if x were batched
+        x, w = _moved(in_dims, x, w)
+        return (x * w).sum(axis=tuple(range(1, x.ndim))), 0
+
+    report = jaxfn.compare(_mul_port(sums_after_x_s_batch_axis, lambda x, w: (x * w).sum()), DotV, X, W)
+    assert not report, str(report)
+    assert "vmap in_dims=(x=None, w=0)" in [r.check for r in report.rows], str(report)
+    assert all("x=None" in r.check for r in report.rows), str(report)
+
+
+def test_a_vmap_rule_wrong_for_a_non_zero_batch_axis_disagrees():
+    def flips_unless_axis_0(info, in_dims, x, w):  # treats a batch axis other than 0 as data
+        out = jnp.multiply(*_moved(in_dims, x, w))
+        return (out if set(in_dims) <= {0, None} else jnp.flip(out, -1)), 0
+
+    def ignores_in_dims(info, in_dims, x, w):  # right only where every array is batched at 0
+        return x * w, 0
+
+    for rule in (flips_unless_axis_0, ignores_in_dims):
+        x, w = X.reshape(2, 2), W.reshape(2, 2) + 3
+        report = jaxfn.compare(_mul_port(rule), MulV, x, w)
+        assert not report, str(report)
+        assert "vmap in_dims=(x=0, w=0)" in report.checks
+        assert all(r.check != "vmap in_dims=(x=0, w=0)" for r in report.rows), str(report)
+        assert any(r.check.startswith("vmap") and "=2" in r.check for r in report.rows), str(report)
+
+
+def test_a_vmap_rule_right_for_every_in_dims_agrees_and_each_batching_is_a_check():
+    def right(info, in_dims, x, w):
+        x, w = _moved(in_dims, x, w)
+        return x * w, 0
+
+    x, w = X.reshape(2, 2), W.reshape(2, 2)
+    report = jaxfn.compare(_mul_port(right), MulV, x, w)
+    assert report, str(report)
+    vmaps = [c for c in report.checks if c.startswith("vmap")]
+    assert {"vmap in_dims=(x=0, w=0)", "vmap in_dims=(x=0, w=None)", "vmap in_dims=(x=None, w=0)"} <= set(vmaps)
+    assert {"vmap in_dims=(x=2, w=2)", "vmap in_dims=(x=1, w=1)", "vmap in_dims=(x=2, w=None)"} <= set(vmaps)
+    assert jaxfn.compare(_mul_port(right), MulV, X, W)
+
+
+# -- gradients for every needs_input_grad subset, or the ones left out listed ---------------------
+
+
+class Sum7(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *a):
+        return sum(a[1:], a[0] * 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return tuple(g for _ in range(7))
+
+
+def _sum_port(wrong_for):
+    def forward(ctx, a0, a1, a2, a3, a4, a5, a6):
+        return a0 + a1 + a2 + a3 + a4 + a5 + a6
+
+    def backward(ctx, g):
+        chosen = tuple(i for i, n in enumerate(ctx.needs_input_grad) if n)
+        return (g * 5 if chosen == wrong_for else g,) + (g,) * 6
+
+    return jaxfn.autograd_function(forward, backward, name="sum7")
+
+
+SEVEN = [np.full(2, float(i)) for i in range(7)]
+
+
+def test_with_seven_arguments_a_port_wrong_for_one_pair_disagrees():
+    report = jaxfn.compare(_sum_port(wrong_for=(0, 1)), Sum7, *SEVEN)
+    assert not report, str(report)
+    assert {r.check for r in report.rows} == {
+        "gradient needs_input_grad=(True, True, False, False, False, False, False)"
+    }
+
+
+def test_with_seven_arguments_the_subsets_not_compared_are_listed():
+    report = jaxfn.compare(_sum_port(wrong_for=()), Sum7, *SEVEN)
+    assert report, str(report)
+    assert sum(c.startswith("gradient") for c in report.checks) == 7 + 21 + 7 + 1
+    assert any(
+        line.startswith("gradients not compared for 91 of the 127 needs_input_grad subsets") and "3 to 5" in line
+        for line in report.not_compared
+    ), str(report)
+    # one wrong for all but one is compared; one wrong for three (not compared) is listed, never "all"
+    assert not jaxfn.compare(_sum_port(wrong_for=(0, 1, 2, 3, 4, 5)), Sum7, *SEVEN)
+    report = jaxfn.compare(_sum_port(wrong_for=(0, 1, 2)), Sum7, *SEVEN)
+    assert report and "91 of the 127" in str(report)
+
+
+def test_with_six_arguments_every_subset_is_compared():
+    class Sum6(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *a):
+            return sum(a[1:], a[0] * 1.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return tuple(g for _ in range(6))
+
+    def forward(ctx, a0, a1, a2, a3, a4, a5):
+        return a0 + a1 + a2 + a3 + a4 + a5
+
+    def backward(ctx, g):
+        chosen = tuple(i for i, n in enumerate(ctx.needs_input_grad) if n)
+        return (g * 5 if chosen == (0, 2, 4) else g,) + (g,) * 5
+
+    report = jaxfn.compare(jaxfn.autograd_function(forward, backward, name="sum6"), Sum6, *SEVEN[:6])
+    assert not report and sum(c.startswith("gradient") for c in report.checks) == 63, str(report)
+    assert not any("subsets" in line for line in report.not_compared)
+
+
+# -- a narrower dtype: per output, never loosening the others -------------------------------------
+
+
+class WithHalfAux(torch.autograd.Function):  # a float64 result beside a float16 side output
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3.0, (x * 0).half()
+
+    @staticmethod
+    def backward(ctx, g, g_aux):
+        return g * 3.0
+
+
+def _aux_port(factor):
+    return jaxfn.autograd_function(
+        lambda ctx, x: (x * 3.0, (x * 0).astype(jnp.float16)), lambda ctx, g, g_aux: g * 3.0 * factor, name="aux"
+    )
+
+
+def test_a_narrow_side_output_loosens_only_itself():
+    x = np.linspace(1, 2, 4)
+    with jax.enable_x64(True):
+        wrong = jaxfn.compare(_aux_port(1.004), WithHalfAux, x)  # 0.4% wrong in float64
+        right = jaxfn.compare(_aux_port(1.0), WithHalfAux, x)
+    assert not wrong, str(wrong)
+    assert [(r.check, r.where) for r in wrong.rows] == [
+        ("gradient needs_input_grad=(True,) from output 0", "parameter 'x'")
+    ], str(wrong)
+    assert right, str(right)
+    note = next(n for n in right.notes if "float16" in n)
+    assert "the original computes in float16 though its inputs are float64" in note and "output 1" in note, note
+    assert "every value" not in note
+
+
+def test_a_0_d_output_is_compared():
+    def right(info, in_dims, x, w):
+        x, w = _moved(in_dims, x, w)
+        return (x * w).sum(-1), 0
+
+    assert jaxfn.compare(_mul_port(right, lambda x, w: (x * w).sum()), DotV, X, W)
+    assert not jaxfn.compare(_mul_port(right, lambda x, w: (x * w).sum() * 1.01), DotV, X, W)
