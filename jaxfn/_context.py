@@ -235,12 +235,17 @@ class Marked(list):
 
 
 def _marked_name(position: int, value: Any, parameters: tuple[Sequence[str], Sequence[Any]]) -> str:
-    """'argument 1 (forward's input 'order')': a value given to ``mark_non_differentiable``."""
+    """'argument 1 (forward's input 'order')': a value given to ``mark_non_differentiable``; where
+    the same array fills several of forward's parameters (``f(x, x)``), every one: "forward's input
+    'x' or 'y', the same array"."""
+    filled = []
     for name, given in zip(*parameters):
         paths = jax.tree_util.tree_flatten_with_path(given, is_leaf=lambda leaf: leaf is value)[0]
-        for path, leaf in paths:
-            if leaf is value:
-                return f"argument {position} (forward's input '{name}{jax.tree_util.keystr(path)}')"
+        filled += [f"'{name}{jax.tree_util.keystr(path)}'" for path, leaf in paths if leaf is value]
+    if len(filled) == 1:
+        return f"argument {position} (forward's input {filled[0]})"
+    if filled:
+        return f"argument {position} (forward's input {', '.join(filled[:-1])} or {filled[-1]}, the same array)"
     what = f"an array of shape {tuple(value.shape)}" if hasattr(value, "shape") else type_name(value)
     return f"argument {position} ({what})"
 

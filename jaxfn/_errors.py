@@ -193,13 +193,41 @@ _STATIC_FIX = (
 _IF_DIFFERENTIATED = (
     "; if it is a value being differentiated, keep it an array instead: jnp.where(condition, a, b) or jax.lax.cond"
 )
+_VMAP_FIX = (
+    "but jax.vmap batches '{name}' ({aval} per example), so it is an abstract array holding one value per example; "
+    "pass it unbatched where jax.vmap is applied (in_axes=None for it, when every example shares it), or keep it an "
+    "array and branch with jnp.where(condition, a, b) or jax.lax.cond"
+)
+_LOOP_FIX = (
+    "but '{name}' is traced by a JAX loop ({aval}: a lax.fori_loop index, or a value lax.scan or lax.while_loop "
+    "carries or hands out), an abstract array whose value is known only when the loop runs; branch with "
+    "jnp.where(condition, a, b) or jax.lax.cond, or, where it must be a Python value, loop in Python (for i in "
+    "range(n): ...) so that it is one"
+)
+_TRACED_FIX = (
+    "but '{name}' is traced ({aval}), an abstract array whose value is known only when the program runs; keep it an "
+    "array and branch with jnp.where(condition, a, b) or jax.lax.cond; or, where it is a Python flag or number that "
+    "a transformation traced, pass it as one: static where jax.jit is applied (jax.jit(f, "
+    "static_argnames=('{name}',))), unbatched where jax.vmap is (in_axes=None for it), or a Python loop's index in "
+    "place of a lax loop's"
+)
+_COMPACTION = (
+    "{role} called {called}, whose output's size depends on the values (a compaction: which entries are kept), but "
+    "{why}, and each array's shape must be known before its values are; give it a fixed size n, an upper bound (such "
+    "as mask.size): {called}(..., {keyword}=n{fill}){example}, then tell the padding from the entries by their count "
+    "(mask.sum() for a mask): jnp.where(jnp.arange(n) < count, rows, 0), and return the count too if the caller "
+    "needs it"
+)
 
 
-def tracer_error_help(role: str, err: BaseException, parameter: tuple[str, Any] | None = None) -> str | None:
+def tracer_error_help(
+    role: str, err: BaseException, parameter: tuple[str, Any] | None = None, traced_by: str | None = "jit"
+) -> str | None:
     """jaxfn's sentence for a tracer error raised in the user's ``role`` ('forward',
     'backward'...); None for any other exception. ``parameter``: the name and value of forward's
-    argument whose value JAX was asked for (``concretized`` found it), named with the
-    ``static_argnames`` fix."""
+    argument whose value JAX was asked for (``concretized`` found it), named with the fix for what
+    ``traced_by`` it: 'jit' (``static_argnames``), 'vmap' (``in_axes=None``), 'loop' (a Python
+    loop, or ``jnp.where``), None where that is not known (every fix, none claimed)."""
     kind = next((k for k in type(err).__mro__ if k in _WHAT), None)
     if kind is None:
         return None
@@ -207,8 +235,24 @@ def tracer_error_help(role: str, err: BaseException, parameter: tuple[str, Any] 
         return f"{role} {_WHAT[kind]}, but {_WHY.format(role=role)}; {_FIX.get(kind, _DEFAULT_FIX)}"
     name, value = parameter
     flag = jax.numpy.issubdtype(value.dtype, jax.numpy.integer) or jax.numpy.issubdtype(value.dtype, jax.numpy.bool_)
-    fix = _STATIC_FIX.format(name=name, aval=f"{value.dtype}[]", differentiated="" if flag else _IF_DIFFERENTIATED)
+    aval = f"{value.dtype}[]"
+    if traced_by == "jit":
+        fix = _STATIC_FIX.format(name=name, aval=aval, differentiated="" if flag else _IF_DIFFERENTIATED)
+    else:
+        fix = {"vmap": _VMAP_FIX, "loop": _LOOP_FIX}.get(traced_by or "", _TRACED_FIX).format(name=name, aval=aval)
     return f"{role} {_WHAT[kind]}: its argument '{name}', {fix}"
+
+
+def compaction_help(role: str, called: str, keyword: str) -> str:
+    """jaxfn's sentence for a function whose output's size depends on the values (``called``:
+    ``jnp.nonzero``, ``jnp.argwhere``, ``x.nonzero``, ``jnp.unique``...) run in the user's ``role``
+    under a trace, with the ``keyword`` that fixes its size (``size``; ``length`` for bincount)."""
+    fill = ", fill_value=..." if keyword == "size" else ""
+    example = ""
+    if called.endswith(("nonzero", "where", "argwhere", "flatnonzero")):
+        example = " (for a 1-D mask: (i,) = jnp.nonzero(mask, size=n, fill_value=0), then x[i])"
+    why = _WHY.format(role=role)
+    return _COMPACTION.format(role=role, called=called, why=why, keyword=keyword, fill=fill, example=example)
 
 
 def concretized(err: BaseException) -> Any:

@@ -371,3 +371,121 @@ def inside_export() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+# What jax.numpy says when a function whose output's size depends on the values (a compaction) runs
+# under a trace without a static size: the context its ConcretizationTypeError carries, the same
+# text in jax 0.10.2 and 0.12 (jnp.nonzero's, which jnp.where with one argument, jnp.argwhere,
+# jnp.flatnonzero and Array.nonzero call; jnp.unique's, which the set functions call), each with
+# the keyword that fixes the size.
+_SIZE_DEPENDS_ON_VALUES = (
+    ("The size argument of jnp.nonzero must be statically specified", "jnp.nonzero", "size"),
+    ("jnp.unique()", "jnp.unique", "size"),
+    ("The error arose in union1d()", "jnp.union1d", "size"),
+    ("The error arose in setdiff1d()", "jnp.setdiff1d", "size"),
+    ("pass a static `length` argument", "jnp.bincount", "length"),
+    ("the total number of repeats must be static", "jnp.repeat", "total_repeat_length"),
+)
+_JAX_NUMPY_DIR = _os.path.join("jax", "_src", "numpy") + _os.sep
+
+
+def sized_by_values(err: BaseException) -> tuple[str, str] | None:
+    """Where ``err`` is jax.numpy refusing, under a trace, a function whose output's size depends
+    on the values: the function the user called (``jnp.argwhere``, ``jnp.where``, ``x.nonzero``,
+    read from the traceback: the outermost frame in jax.numpy, as jax 0.10.2-0.12 lay them out;
+    else the function whose text matched) and the keyword that fixes the size; else None."""
+    if not isinstance(err, jax.errors.ConcretizationTypeError):
+        return None
+    text = str(err)
+    found = next(((name, keyword) for key, name, keyword in _SIZE_DEPENDS_ON_VALUES if key in text), None)
+    if found is None:
+        return None
+    names = [
+        frame.name
+        for frame in traceback.extract_tb(err.__traceback__)
+        if _JAX_NUMPY_DIR in frame.filename.replace("/", _os.sep)
+    ]
+    if names and names[0] == "meth" and len(names) > 1:  # Array's method wrapper (array_methods.py)
+        return f"x.{names[1].lstrip('_')}", found[1]
+    if names and names[0].isidentifier() and not names[0].startswith("_"):
+        return f"jnp.{names[0]}", found[1]
+    return found
+
+
+# Which JAX transformation traced a value (jax 0.10.2-0.12, read from jax._src.interpreters: no
+# public names): a ``BatchTracer`` is jax.vmap's (batched where its ``batch_dim`` is not None); a
+# ``DynamicJaxprTracer`` is a value of the function a trace stages out (its ``val`` a ``Var``; its
+# ``_trace.frame`` holds the function's ``invars``, the outer values it lifted in
+# ``constvar_to_val``, and ``debug_info.traced_for``: "jit", "fori_loop", "scan", "while_body",
+# "custom_vjp fun"...). A custom rule's function is traced inside the outer trace's
+# ``process_custom_vjp_call``/``process_custom_jvp_call``, whose ``tracers`` are its arguments.
+_LOOPS = ("fori_loop", "scan", "while_body", "while_cond", "while_loop", "map")
+_CUSTOM_CALLS = ("process_custom_vjp_call", "process_custom_jvp_call")
+
+
+def traced_by(value: Any) -> str | None:
+    """Which transformation made ``value`` (a tracer) a traced argument: 'jit' (an argument of the
+    function ``jax.jit`` traced), 'vmap' (batched by ``jax.vmap``), 'loop' (an argument of a
+    ``lax.fori_loop``/``lax.scan``/``lax.while_loop`` body: its index, carry or element); None
+    where that is not known (computed inside a trace, or any other transformation). Follows a
+    value lifted into an inner trace, and a custom rule's argument to the value it was called with.
+    Fails safe: None wherever JAX's layout is not the one known."""
+    try:
+        return _traced_by(value, _sys._getframe(1), 0)
+    except Exception:  # noqa: BLE001 - a JAX laid out otherwise: not known
+        return None
+
+
+def _traced_by(value: Any, frame: Any, depth: int) -> str | None:
+    if depth > 16:
+        return None
+    kind = type(value).__name__
+    if kind == "BatchTracer":
+        return "vmap" if getattr(value, "batch_dim", None) is not None else None
+    if kind != "DynamicJaxprTracer":
+        return None
+    trace = value._trace
+    stack = trace.frame
+    var = value.val
+    lifted = next((outer for const, outer in stack.constvar_to_val.items() if const is var), None)
+    if lifted is not None:
+        return _traced_by(lifted, frame, depth + 1)
+    position = next((i for i, invar in enumerate(stack.invars) if invar is var), None)
+    if position is None:
+        return None  # computed inside the trace
+    traced_for = getattr(stack.debug_info, "traced_for", None)
+    if traced_for == "jit":  # under jax.vmap, jit's arguments may be batched ones: not known
+        return None if _under_vmap(trace) else "jit"
+    if traced_for in _LOOPS:
+        return "loop"
+    if isinstance(traced_for, str) and traced_for.startswith(("custom_vjp", "custom_jvp")):
+        caller = _custom_call_arguments(frame, len(stack.invars))
+        if caller is None:
+            return None
+        outer, frame = caller
+        return _traced_by(outer[position], frame.f_back, depth + 1)
+    return None
+
+
+def _custom_call_arguments(frame: Any, count: int) -> tuple[list[Any], Any] | None:
+    """The arguments (``tracers``) of the nearest custom rule's call on the stack from ``frame``
+    outward, and its frame, where it has ``count`` of them; else None."""
+    while frame is not None:
+        if frame.f_code.co_name in _CUSTOM_CALLS:
+            tracers = frame.f_locals.get("tracers")
+            if isinstance(tracers, (list, tuple)) and len(tracers) == count:
+                return list(tracers), frame
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _under_vmap(trace: Any) -> bool:
+    """Whether a ``jax.vmap`` trace encloses ``trace`` (its ``parent_trace`` chain)."""
+    for _ in range(64):
+        trace = getattr(trace, "parent_trace", None)
+        if trace is None:
+            return False
+        if type(trace).__name__ == "BatchTrace":
+            return True
+    return True

@@ -10,13 +10,15 @@ passes through unchanged.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import linecache
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_private
@@ -25,6 +27,7 @@ from ._errors import (
     ArrayAttributeError,
     AutogradFunctionError,
     AutogradFunctionTypeError,
+    compaction_help,
     concretized,
     error,
     tracer_error_help,
@@ -68,6 +71,13 @@ METHODS: dict[str, tuple[str, str | None]] = {
     "nelement": ("x.size", None),
     "size": ("x.shape (x.shape[d] for x.size(d); x.size is PyTorch's x.numel())", None),
     "t": ("x.T", None),
+    # the same name as a JAX and NumPy array method that means something else (met by the failing call)
+    "view": (
+        "x.reshape(shape) (x.reshape(-1) for x.view(-1); an array's x.view(dtype) reads its bytes as dtype)",
+        None,
+    ),
+    "transpose": ("jnp.swapaxes(x, d0, d1) (an array's x.transpose(axes) takes every axis, a permutation)", None),
+    "flatten": ("x.reshape(x.shape[0], -1) for x.flatten(1), x.reshape(*x.shape[:d], -1) for x.flatten(d)", None),
     "permute": ("x.transpose(dims) (jnp.transpose(x, dims))", None),
     "unsqueeze": ("jnp.expand_dims(x, d), or x[:, None]", None),
     "view_as": ("x.reshape(y.shape)", None),
@@ -188,7 +198,15 @@ METHODS: dict[str, tuple[str, str | None]] = {
 }
 
 # PyTorch's keyword -> JAX's (and NumPy's) for the same argument.
-KEYWORDS = {"dim": "axis", "keepdim": "keepdims", "unbiased": "ddof"}
+KEYWORDS = {"dim": "axis", "dims": "axis", "keepdim": "keepdims", "unbiased": "ddof"}
+# What PyTorch's method means, and what the array method of the same name does instead.
+_SAME_NAME = {
+    "view": ("a reshape", "takes a dtype: x.view(dtype) reads the array's bytes as another dtype"),
+    "transpose": ("a swap of two axes", "takes a full permutation of the axes (x.transpose(2, 0, 1))"),
+    "flatten": ("a flattening from axis start_dim", "takes no axis (x.flatten() flattens every axis)"),
+}
+_LIBRARIES = ("jax", "jaxlib", "numpy")
+_LIBRARY_DIRS = tuple(os.path.dirname(module.__file__ or "") + os.sep for module in (jax, np))
 
 _ARRAYS = (jax.Array, np.ndarray, np.generic, memoryview)
 _AT = "x = x.at[i].set(v)"
@@ -228,16 +246,20 @@ def translate(
     this module knows (then it propagates as it is)."""
     if isinstance(err, AutogradFunctionError):
         cause = err.__cause__
-        return _with_parameter(role, cause, parameters) if _already_said(function, role, err) and cause else None
+        if cause is None or not _already_said(function, role, err):
+            return None
+        return _compaction(role, cause) or _with_parameter(role, cause, parameters)
     if isinstance(err, TRACER_ERRORS):  # under a trace (an eager call's are the user's own, unchanged)
         if _jax_private.outside_traces(()):
             return None
-        return _with_parameter(role, err, parameters) or (AutogradFunctionTypeError, _tracer_help(role, err), err)
+        said = _compaction(role, err) or _with_parameter(role, err, parameters)
+        return said or (AutogradFunctionTypeError, _tracer_help(role, err), err)
     if isinstance(err, AttributeError):
         sentence = _method_help(role, getattr(err, "name", None), getattr(err, "obj", None))
         return None if sentence is None else (ArrayAttributeError, sentence, err)
-    if isinstance(err, TypeError):
-        sentence = _keyword_help(role, str(err)) or _call_help(role, err)
+    if isinstance(err, (TypeError, ValueError, NotImplementedError)):
+        sentence = _keyword_help(role, err) if isinstance(err, TypeError) else None
+        sentence = sentence or _call_help(role, err)
         return None if sentence is None else (AutogradFunctionTypeError, sentence, err)
     return None
 
@@ -255,6 +277,13 @@ def _tracer_help(role: str, err: BaseException) -> str:
     return tracer_error_help(role, err) or str(err)
 
 
+def _compaction(role: str, err: BaseException) -> Said | None:
+    """The fixed-size message for a compaction (``jnp.nonzero(mask)``, ``jnp.unique(x)``...) JAX
+    refused under a trace; None for any other error."""
+    found = _jax_private.sized_by_values(err)
+    return None if found is None else (AutogradFunctionTypeError, compaction_help(role, *found), err)
+
+
 def _with_parameter(
     role: str, err: BaseException, parameters: tuple[Sequence[str], Sequence[Any]] | None
 ) -> Said | None:
@@ -267,7 +296,9 @@ def _with_parameter(
         return None
     names, values = parameters
     named = [name for name, value in zip(names, values) if value is tracer]
-    sentence = tracer_error_help(role, err, (named[0], tracer)) if len(named) == 1 else None
+    if len(named) != 1:
+        return None
+    sentence = tracer_error_help(role, err, (named[0], tracer), _jax_private.traced_by(tracer))
     return None if sentence is None else (AutogradFunctionTypeError, sentence, err)
 
 
@@ -300,14 +331,15 @@ def _method_help(role: str, name: str | None, obj: Any) -> str | None:
     return f"{role} used .{name}, {method}, on {what}, which has no .{name}; {fix}"
 
 
-def _keyword_help(role: str, message: str) -> str | None:
-    """The sentence for PyTorch's ``dim=``/``keepdim=`` given to a JAX or NumPy function."""
-    found = _UNEXPECTED_KEYWORD.search(message)
+def _keyword_help(role: str, err: TypeError) -> str | None:
+    """The sentence for PyTorch's ``dim=``/``keepdim=`` given to a JAX or NumPy function (the
+    failing call's function, found in the user's frame; a function of the user's own is theirs)."""
+    found = _UNEXPECTED_KEYWORD.search(str(err))
     if found is None or found.group(2) not in KEYWORDS:
         return None
     called, keyword = found.group(1), found.group(2)
     short = called.rsplit(".", 1)[-1].lstrip("_")
-    if not any(hasattr(module, short) for module in (jnp, np, jax.Array, np.ndarray, jax.nn)):
+    if not _calls_library(_failing_call(err)):
         return None  # not a JAX or NumPy function: the user's own, whose keyword is theirs
     spelled = KEYWORDS[keyword]
     values = (
@@ -324,28 +356,180 @@ def _keyword_help(role: str, message: str) -> str | None:
     )
 
 
-def _call_help(role: str, err: TypeError) -> str | None:
-    """The sentence for ``x.size()`` (JAX's and NumPy's ``size`` is an int) or arithmetic on the
-    memoryview NumPy's ``.data`` gives."""
+def _call_help(role: str, err: BaseException) -> str | None:
+    """The sentence for the failing call of the user's code where it is a PyTorch method on an
+    array whose JAX and NumPy namesake differs (``x.size()``: an int; ``x.view(-1)``,
+    ``x.transpose(0, 1)``, ``x.flatten(1)``), or arithmetic on the memoryview NumPy's ``.data``
+    gives."""
     message = str(err)
-    if "'memoryview'" in message:
+    if isinstance(err, TypeError) and "'memoryview'" in message:
         return (
             f"{role} computed with a memoryview ({message}), which is what .data gives on a NumPy array (its raw "
             "memory, not PyTorch's tensor data); drop .data: the array itself is its data"
         )
-    if message == "'int' object is not callable" and ".size(" in _failing_line(err):
+    found = _failing_call(err)
+    if found is None or not isinstance(found[0].func, ast.Attribute):
+        return None
+    node, frame = found
+    func = node.func
+    assert isinstance(func, ast.Attribute)
+    array = _value(func.value, frame)
+    if array is _UNKNOWN:  # an array computed in place (x[None].view(-1)): JAX's, where JAX's method raised
+        array = _JAX_METHOD if _raised_in_jax_method(err, func.attr) else None
+    if not isinstance(array, (jax.Array, np.ndarray)) and array is not _JAX_METHOD:
+        return None
+    if func.attr == "size" and message == "'int' object is not callable":
         return (
             f"{role} called x.size(), PyTorch's tensor method, but an array's .size is its number of elements (an "
             "int, PyTorch's x.numel()); write x.shape (x.shape[d] for x.size(d))"
         )
+    spelled = _same_name_spelling(func.attr, ast.unparse(func.value), node, frame, array)
+    if spelled is None:
+        return None
+    torch_meaning, array_meaning = _SAME_NAME[func.attr]
+    jax_array = isinstance(array, jax.Array) or array is _JAX_METHOD
+    what = "a JAX array" if jax_array else "a NumPy array (host code gets NumPy arrays)"
+    if not jax_array:
+        spelled = spelled.replace("jnp.", "np.")
+    return (
+        f"{role} called .{func.attr}({', '.join(ast.unparse(a) for a in node.args)}) as PyTorch's tensor method "
+        f"({torch_meaning}) on {what}, whose .{func.attr} {array_meaning}; write {spelled}"
+    )
+
+
+def _same_name_spelling(name: str, array_source: str, node: ast.Call, frame: Any, array: Any) -> str | None:
+    """How JAX spells PyTorch's ``x.view(...)``, ``x.transpose(d0, d1)`` or ``x.flatten(d)`` as
+    called (``array_source`` the array's expression); None where the call is the array method's
+    own use (a dtype view, a permutation, an order)."""
+    if name not in _SAME_NAME or any(isinstance(a, ast.Starred) for a in node.args):
+        return None
+    args = [_value(a, frame) for a in node.args]
+    if any(a is _UNKNOWN for a in args):
+        return None
+    ints = all(isinstance(a, int) and not isinstance(a, bool) for a in args)
+    if name == "view" and args and not node.keywords:
+        shape = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        if all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            return f"{array_source}.reshape({', '.join(ast.unparse(a) for a in node.args)})"
+    if name == "transpose" and len(args) == 2 and ints and getattr(array, "ndim", None) != 2 and not node.keywords:
+        return f"jnp.swapaxes({array_source}, {args[0]}, {args[1]})"
+    if name == "flatten" and len(args) == 1 and ints and not node.keywords:
+        ndim = getattr(array, "ndim", None)
+        first = args[0]
+        start = first % ndim if ndim and isinstance(first, int) else first
+        if not isinstance(start, int):
+            return None
+        if start < 0:
+            return f"{array_source}.reshape(*{array_source}.shape[:{start}], -1)"
+        if start == 0:
+            return f"{array_source}.reshape(-1)"
+        kept = f"{array_source}.shape[0]" if start == 1 else f"*{array_source}.shape[:{start}]"
+        return f"{array_source}.reshape({kept}, -1)"
     return None
 
 
-def _failing_line(err: BaseException) -> str:
-    """The source line of the innermost frame of ``err``'s traceback ('' where there is none)."""
+_JAX_METHOD = object()  # the array of a failing call: a JAX array whose value is not read
+
+
+def _raised_in_jax_method(err: BaseException, name: str) -> bool:
+    """Whether ``err`` was raised inside JAX's array method ``name`` (a frame of JAX's code named
+    ``name`` or ``_name``, as jax 0.10-0.12 spell Array's methods)."""
     trace = err.__traceback__
-    if trace is None:
-        return ""
-    while trace.tb_next is not None:
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        if code.co_filename.startswith(_LIBRARY_DIRS[0]) and code.co_name.lstrip("_") == name:
+            return True
         trace = trace.tb_next
-    return linecache.getline(trace.tb_frame.f_code.co_filename, trace.tb_lineno)
+    return False
+
+
+_UNKNOWN = object()  # an expression of the failing call whose value is not read
+
+
+def _failing_call(err: BaseException) -> tuple[ast.Call, Any] | None:
+    """The call the user's code was making when ``err`` was raised (the innermost frame of its
+    traceback outside JAX and NumPy, at its instruction's source position), and that frame; None
+    where it can't be read."""
+    trace, user = err.__traceback__, None
+    while trace is not None:
+        if not trace.tb_frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+            user = trace
+        trace = trace.tb_next
+    if user is None:
+        return None
+    code = user.tb_frame.f_code
+    try:
+        line, end_line, column, end_column = list(code.co_positions())[user.tb_lasti // 2]
+    except (AttributeError, IndexError, ValueError):
+        return None
+    if line is None or end_line is None or column is None or end_column is None:
+        return None
+    lines = [linecache.getline(code.co_filename, n).encode() for n in range(line, end_line + 1)]
+    if not lines or not lines[0]:
+        return None
+    lines[-1] = lines[-1][:end_column]
+    lines[0] = lines[0][column:]
+    try:
+        node = ast.parse("(" + b"".join(lines).decode() + ")", mode="eval").body
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    return (node, user.tb_frame) if isinstance(node, ast.Call) else None
+
+
+def _value(node: ast.AST, frame: Any) -> Any:
+    """The value of ``node`` in ``frame``: names, attributes, literals, integer arithmetic and
+    indexing of tuples (``x.shape[0]``); _UNKNOWN for anything else (nothing is called)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        for scope in (frame.f_locals, frame.f_globals, vars(builtins)):
+            if node.id in scope:
+                return scope[node.id]
+        return _UNKNOWN
+    if isinstance(node, ast.Attribute):
+        base = _value(node.value, frame)
+        try:
+            return _UNKNOWN if base is _UNKNOWN else getattr(base, node.attr, _UNKNOWN)
+        except Exception:  # noqa: BLE001 - a property that raises: not read
+            return _UNKNOWN
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = tuple(_value(item, frame) for item in node.elts)
+        return _UNKNOWN if any(item is _UNKNOWN for item in items) else items
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        operand = _value(node.operand, frame)
+        if isinstance(operand, int) and not isinstance(operand, bool):
+            return -operand
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+        left, right = _value(node.left, frame), _value(node.right, frame)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right)):
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Sub):
+                return left - right
+            if isinstance(node.op, ast.Mult):
+                return left * right
+            return left // right if right else _UNKNOWN
+    if isinstance(node, ast.Subscript):
+        base, index = _value(node.value, frame), _value(node.slice, frame)
+        if isinstance(base, tuple) and isinstance(index, int) and -len(base) <= index < len(base):
+            return base[index]
+    return _UNKNOWN
+
+
+def _calls_library(found: tuple[ast.Call, Any] | None) -> bool:
+    """Whether the failing call calls a function of JAX's or NumPy's own (``jnp.sum``,
+    ``jnp.linalg.norm``, an array's method): its function read from the user's frame, its module
+    JAX's or NumPy's. A method of an array computed in place (``(x > 0).sum(dim=1)``) counts where
+    arrays have that method; anything else (the user's own function) does not."""
+    if found is None:
+        return False
+    node, frame = found
+    function = _value(node.func, frame)
+    if function is _UNKNOWN:
+        func = node.func
+        return isinstance(func, ast.Attribute) and any(hasattr(t, func.attr) for t in (jax.Array, np.ndarray))
+    owner = getattr(function, "__func__", function)
+    module = getattr(owner, "__module__", None)
+    if not isinstance(module, str):  # a NumPy array's bound builtin method, a ufunc
+        module = type(getattr(function, "__self__", function)).__module__
+    return module.split(".")[0] in _LIBRARIES

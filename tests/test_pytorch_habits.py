@@ -202,7 +202,9 @@ def test_other_attribute_and_type_errors_pass_through_unchanged():
 def test_the_table_spells_every_method_and_in_place_ones_are_derived():
     for method, (jax_spelling, numpy_spelling) in _pytorch_names.METHODS.items():
         assert jax_spelling and (numpy_spelling is None or numpy_spelling), method
-        assert not hasattr(jnp.ones(1), method) or method in ("size", "copy", "clone"), method
+        assert not hasattr(jnp.ones(1), method) or method in ("size", "copy", "clone", *_pytorch_names._SAME_NAME), (
+            method
+        )
     assert _pytorch_names._method_help("forward", "sigmoid_", jnp.ones(1)).count("jax.nn.sigmoid(x)") == 1
     assert _pytorch_names._method_help("forward", "nosuch", jnp.ones(1)) is None
     assert _pytorch_names._method_help("forward", "cpu", [1.0]) is None  # a list: not an array
@@ -323,3 +325,194 @@ def test_a_compaction_under_jit_gets_the_fixed_size_fix_and_the_fix_runs():
         jax.jit(jax.grad(lambda x: (padded(x) * jnp.arange(1.0, 7.0)).sum()))(x),
         jax.grad(lambda x: (jnp.where(x > 0, x, 0)[jnp.argsort(x <= 0, stable=True)] * jnp.arange(1.0, 7.0)).sum())(x),
     )
+
+
+# -- compactions whose output's size depends on the values, under jit -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "expression, called",
+    [
+        (lambda x: x[jnp.nonzero(x > 0)], r"jnp\.nonzero"),
+        (lambda x: x[jnp.where(x > 0)], r"jnp\.where"),
+        (lambda x: jnp.argwhere(x > 0).sum() * x, r"jnp\.argwhere"),
+        (lambda x: jnp.flatnonzero(x > 0).sum() * x, r"jnp\.flatnonzero"),
+        (lambda x: x[(x > 0).nonzero()], r"x\.nonzero"),
+        (lambda x: jnp.unique(x), r"jnp\.unique"),
+    ],
+    ids=["nonzero", "where", "argwhere", "flatnonzero", "method", "unique"],
+)
+def test_a_compaction_function_under_jit_gets_the_fixed_size_fix(expression, called):
+    f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, name="compact")
+    err = _raises(
+        TypeError,
+        rf"^jaxfn: 'compact': forward called {called}, whose output's size depends on the values.*give it a fixed "
+        rf"size n.*{called}\(\.\.\., size=n, fill_value=\.\.\.\).*jnp\.where\(jnp\.arange\(n\) < count",
+        lambda: jax.jit(f)(X),
+    )
+    assert "static_argnames" not in str(err)
+    assert isinstance(err.__cause__, jax.errors.ConcretizationTypeError)
+
+
+# -- a flag traced by jax.vmap or a loop, with no jit -----------------------------------------------------
+
+
+def _flagged(ctx, x, flag):
+    return x * 2.0 if flag else x
+
+
+def _steps(ctx, x, n):
+    for _ in range(n):
+        x = x * 2.0
+    return x
+
+
+def test_a_flag_batched_by_vmap_is_told_in_axes_none_not_static_argnames():
+    f = jaxfn.autograd_function(_flagged, lambda ctx, g: (g, None), name="flagged")
+    err = _raises(
+        TypeError,
+        r"^jaxfn: 'flagged': forward used the value of an array as a Python bool.*: its argument 'flag', but "
+        r"jax\.vmap batches 'flag'.*in_axes=None for it.*jnp\.where\(condition, a, b\) or jax\.lax\.cond",
+        lambda: jax.vmap(f)(jnp.stack([X, X]), jnp.array([True, False])),
+    )
+    assert "static_argnames" not in str(err)
+
+
+def test_a_loop_index_as_a_flag_is_told_a_python_loop_or_jnp_where_not_static_argnames():
+    f = jaxfn.autograd_function(_steps, lambda ctx, g: (g, None), name="steps")
+    for loop in (
+        lambda: jax.lax.fori_loop(0, 3, lambda i, c: f(c, i), X),
+        lambda: jax.lax.scan(lambda c, i: (f(c, i), None), X, jnp.arange(3)),
+    ):
+        err = _raises(
+            TypeError,
+            r"^jaxfn: 'steps': forward used the value of an array as a Python int.*: its argument 'n', but 'n' is "
+            r"traced by a JAX loop.*jnp\.where\(condition, a, b\) or jax\.lax\.cond.*loop in Python",
+            loop,
+        )
+        assert "static_argnames" not in str(err)
+
+
+def test_a_flag_jit_traced_is_still_told_static_argnames_through_a_loop_or_vmap():
+    f = jaxfn.autograd_function(_flagged, lambda ctx, g: (g, None), name="flagged")
+    for call in (  # jit's argument, closed over by a loop body; unbatched (in_axes=None) under vmap
+        lambda: jax.jit(lambda x, b: jax.lax.fori_loop(0, 2, lambda i, c: f(c, b), x))(X, True),
+        lambda: jax.jit(jax.vmap(f, in_axes=(0, None)))(jnp.stack([X, X]), True),
+    ):
+        _raises(TypeError, r"its argument 'flag', but 'flag' is traced.*static_argnames=\('flag',\)", call)
+
+
+def test_a_flag_whose_transformation_is_not_known_gets_every_fix_none_claimed():
+    f = jaxfn.autograd_function(_flagged, lambda ctx, g: (g, None), name="flagged")
+    err = _raises(
+        TypeError,
+        r"its argument 'flag', but 'flag' is traced \(bool\[\]\).*jnp\.where.*static where jax\.jit is applied.*"
+        r"unbatched where jax\.vmap is",
+        lambda: jax.vmap(jax.jit(lambda x, b: f(x, b)))(jnp.stack([X, X]), jnp.array([True, False])),
+    )
+    assert "batches 'flag'" not in str(err) and "mark it static" not in str(err)
+
+
+# -- PyTorch's keywords only on JAX's and NumPy's own functions -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "expression, keyword, called",
+    [
+        (lambda x: jnp.flip(x, dims=(0,)), "dims", "flip"),
+        (lambda x: jnp.linalg.norm(x, dim=1), "dim", "norm"),
+        (lambda x: (x > 0).sum(dim=1), "dim", "sum"),
+    ],
+    ids=["flip dims", "linalg.norm", "method of an expression"],
+)
+def test_pytorch_keywords_on_jax_functions_outside_jnp_are_named(expression, keyword, called):
+    f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, name="axes")
+    _raises(
+        TypeError,
+        rf"^jaxfn: 'axes': forward passed PyTorch's keyword {keyword}= to {called}\(\), which JAX and NumPy call axis=",
+        lambda: f(X),
+    )
+
+
+def test_a_users_own_helpers_keyword_is_theirs_even_named_like_a_jnp_function():
+    def split(v, d):  # named as jnp.split, and a nested one as jnp.take: the user's own
+        return v[:d]
+
+    def forward(ctx, x):
+        def take(v, k):
+            return v[:k]
+
+        return split(x, dim=1) + take(x, dim=1)
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: g, name="own_helper")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dim'") as info:
+        f(X)
+    assert not isinstance(info.value, jaxfn.AutogradFunctionError)
+
+    def with_dim(v, dim):  # the user's own function with a dim parameter works
+        return v.sum(axis=dim)
+
+    works = jaxfn.autograd_function(lambda ctx, x: with_dim(x, dim=1), lambda ctx, g: g, name="own_dim")
+    np.testing.assert_allclose(works(X), np.asarray(X).sum(axis=1))
+
+
+# -- PyTorch methods whose JAX and NumPy namesakes mean something else --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "expression, method, fix",
+    [
+        (lambda x: x.view(-1), r"view\(-1\)", r"x\.reshape\(-1\)"),
+        (lambda x: x.view(3, 2), r"view\(3, 2\)", r"x\.reshape\(3, 2\)"),
+        (lambda x: x.view(x.shape[0], -1), r"view\(x\.shape\[0\], -1\)", r"x\.reshape\(x\.shape\[0\], -1\)"),
+        (lambda x: x[None].transpose(0, 1), r"transpose\(0, 1\)", r"jnp\.swapaxes\(x\[None\], 0, 1\)"),
+        (lambda x: x.flatten(1), r"flatten\(1\)", r"x\.reshape\(x\.shape\[0\], -1\)"),
+    ],
+    ids=["view(-1)", "view(3, 2)", "view(shape)", "transpose", "flatten"],
+)
+def test_a_pytorch_method_with_a_jax_namesake_is_spelled(expression, method, fix, maybe_jit):
+    f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, name="namesake")
+    _raises(
+        TypeError,
+        rf"^jaxfn: 'namesake': forward called \.{method} as PyTorch's tensor method .* on a JAX array, whose "
+        rf"\..*; write {fix}\.",
+        lambda: maybe_jit(f)(X),
+    )
+
+
+def test_a_pytorch_method_with_a_numpy_namesake_in_host_code_is_spelled_for_numpy():
+    for expression, fix in (
+        (lambda z: z.view(-1), r"z\.reshape\(-1\)"),
+        (lambda z: (lambda y: y.transpose(0, 2))(z[None]), r"np\.swapaxes\(y, 0, 2\)"),
+        (lambda z: z.flatten(1), r"z\.reshape\(z\.shape\[0\], -1\)"),
+    ):
+        f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, host=True, name="host")
+        _raises(TypeError, rf"^jaxfn: 'host': forward called .*on a NumPy array.*write {fix}\.", lambda f=f: f(X))
+
+
+def test_a_namesakes_own_use_passes_through_unchanged():
+    for expression in (lambda x: x.view("no such dtype"), lambda x: x.transpose(2, 0)):
+        f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, name="own_use")
+        with pytest.raises((TypeError, ValueError)) as info:
+            f(X)
+        assert not isinstance(info.value, jaxfn.AutogradFunctionError)
+    works = jaxfn.autograd_function(lambda ctx, x: x.transpose(1, 0).view(x.dtype), lambda ctx, g: g, name="ok")
+    assert works(X).shape == (3, 2)
+
+
+# -- mark_non_differentiable given an array that fills two parameters ---------------------------------------
+
+
+def test_mark_non_differentiable_names_every_parameter_the_same_array_fills():
+    def forward(ctx, x, y):
+        ctx.mark_non_differentiable(y)
+        return x * 2
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: (g, None), name="same")
+    _raises(
+        TypeError,
+        r"^jaxfn: 'same': ctx\.mark_non_differentiable\(\) takes values that forward returns, but its argument 0 "
+        r"\(forward's input 'x' or 'y', the same array\) is not among forward's outputs",
+        lambda: f(X, X),
+    )
+    _raises(TypeError, r"its argument 0 \(forward's input 'y'\)", lambda: f(X, X + 1))
