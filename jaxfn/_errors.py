@@ -178,6 +178,11 @@ _FIX = {
     "host=True (autograd_function(..., host=True), or host = True on a jaxfn.Function), which runs NumPy "
     "forward and backward through jax.pure_callback",
 }
+_VMAP_RULE_NUMPY = (
+    "a vmap rule runs as JAX code on the batched arrays, a host=True function's too (as PyTorch's runs as Python "
+    "over batched tensors): call the function itself on them (its .apply, one host call for the whole batch) or "
+    "use jax.numpy"
+)
 _DEFAULT_FIX = (
     "keep values as arrays: branch with jnp.where(condition, a, b) or jax.lax.cond, convert with x.astype(...); "
     "where the value comes from a Python flag or number passed through jax.jit (traced, so an array too), mark "
@@ -231,6 +236,8 @@ def tracer_error_help(
     kind = next((k for k in type(err).__mro__ if k in _WHAT), None)
     if kind is None:
         return None
+    if role == "vmap" and kind is jax.errors.TracerArrayConversionError:  # host=True's too: a rule runs as JAX code
+        return f"{role} {_WHAT[kind]}, but {_WHY.format(role=role)}; {_VMAP_RULE_NUMPY}"
     if parameter is None or kind is jax.errors.NonConcreteBooleanIndexError:
         return f"{role} {_WHAT[kind]}, but {_WHY.format(role=role)}; {_FIX.get(kind, _DEFAULT_FIX)}"
     name, value = parameter

@@ -701,3 +701,19 @@ def test_a_forward_that_needs_valid_data_fails_on_the_probe_with_its_own_excepti
     (note,) = [n for n in caught.value.__notes__ if n.startswith("jaxfn:")]
     assert "jaxfn: 'chol': this was raised by the host forward (host=True) on example arrays jaxfn made" in note
     assert "forward(a=ones((2, 2), float" in note and "catch the error and return zeros" in note
+
+
+def test_a_numpy_vmap_rule_of_a_host_function_under_jit_says_the_rule_is_jax_code():
+    f = jaxfn.autograd_function(
+        lambda ctx, x: np.sin(x),
+        lambda ctx, g: g,
+        host=True,
+        name="hv",
+        vmap=lambda info, in_dims, x: (np.sin(x), in_dims[0]),
+    )
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'hv': vmap handed an array to NumPy .* a vmap rule runs "
+        r"as JAX code on the batched arrays, a host=True function's too .* call the function itself",
+    ):
+        jax.jit(jax.vmap(f))(jnp.ones((2, 3)))
