@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import functools
 import inspect
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -80,12 +81,17 @@ def gradcheck(
     agree with each other but not with forward fail:
 
     - backward (always): the whole Jacobian `jax.vjp` gives against central finite differences of
-      forward, for every input differentiated and each one alone (a backward may branch on
-      `ctx.needs_input_grad`);
+      forward, with every non-empty set of the arguments differentiated (a backward may branch on
+      `ctx.needs_input_grad`; above 5 arguments all, each alone and each all but one, and the
+      report lists the sets left out), and, with several outputs, each output alone given a
+      cotangent (the others none: `None` under `ctx.set_materialize_grads(False)`);
     - forward mode (a `jvp` rule, or the one `forward_mode=True` derives): `jax.jvp` along a
-      random direction per leaf against finite differences of forward;
-    - batching (a `vmap` rule): `jax.vmap` over three nearby inputs against a Python loop of
-      forward, and the gradient under `jax.vmap` against backward one input at a time.
+      random direction per leaf, then along every leaf at once, against finite differences of
+      forward;
+    - batching (a `vmap` rule): `jax.vmap` over three or more nearby inputs against a Python loop
+      of forward, and the gradient under `jax.vmap` against backward one input at a time, with
+      every array argument batched on axis 0, each alone (the others unbatched) and every one on
+      its last axis.
 
     By default every rule the function has is checked; for a callable that is not itself a jaxfn
     function (a `lambda` around one), forward mode is checked where `jax.jvp` of it is not
@@ -104,12 +110,13 @@ def gradcheck(
     Cost: up to 4M entries (and 8,192 inputs or outputs), the whole Jacobian is compared
     element by element. The finite differences (two evaluations of forward per input element)
     are one program, compiled once per call structure (the function, the arguments' shapes,
-    dtypes and Python values) and kept for the next call; backward's side runs forward once and
-    backward as one `vmap` batch over the output elements. Above that size, the outputs are
-    reduced to one scalar with a fixed random cotangent and each leaf is checked along one
-    random direction (PyTorch's fast mode); only a leaf that fails is located element by
-    element. `order=2` repeats the check for the derivative of backward (reverse over reverse),
-    along random directions.
+    dtypes and Python values) and kept for the next call, checked against forward as called (at
+    x and a nearby point) and traced again where forward changed (a global it reads); backward's
+    side runs forward once per set of differentiated arguments and backward as one `vmap` batch
+    over the output elements. Above that size, the outputs are reduced to one scalar with a fixed
+    random cotangent and each leaf is checked along one random direction (PyTorch's fast mode);
+    only a leaf that fails is located element by element. `order=2` repeats the check for the
+    derivative of backward (reverse over reverse), along random directions.
 
     An option that is also a parameter of `fn` is refused as ambiguous: pass the function's own
     through a `lambda`.
@@ -225,7 +232,7 @@ def _refuse_ambiguous_options(fn: Callable[..., Any], given: list[str]) -> None:
 def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_grad, report) -> None:
     who = gradcheck_of(_name(fn))  # what every message opens with
     with_paths, treedef = tree_flatten_with_path((args, kwargs))
-    labels = _labels(fn, args, [path for path, _ in with_paths])
+    labels, heads = _labels(fn, args, [path for path, _ in with_paths])
     for label, (_, leaf) in zip(labels, with_paths):
         if is_torch_tensor(leaf):
             raise error(
@@ -255,34 +262,48 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
     plain = _plain(call)  # forward itself: no custom rule, in fn or in the jaxfn functions it calls
     inputs = sum(2 * np.size(x) if jnp.iscomplexobj(x) else np.size(x) for x in x0)
     outputs = sum(2 * np.prod(o.shape) if jnp.iscomplexobj(o) else np.prod(o.shape) for o in out_shapes)
-    # Every input differentiated, then each one alone (the others held constant): a backward may
-    # branch on ctx.needs_input_grad, and each pattern a user's jax.grad can make is checked.
-    alone = [[k] for k in range(len(x0))] if len(x0) > 1 else []
-    patterns = [list(range(len(x0))), *alone]
+    # A backward may branch on ctx.needs_input_grad (one flag per argument): every non-empty set of
+    # the arguments differentiated (the others held constant) up to _EVERY_SET arguments; above,
+    # all, each alone and each all but one, and the report says how many sets were not checked.
+    patterns, described, left_out = _patterns([heads[i] for i in checked])
+    report.ran.append("backward against finite differences of forward" + described)
+    if left_out:
+        report.not_run.append(left_out)
     forward_mode, batching = _rules_to_check(fn, forward_ad, batched_grad, report)
-    report.ran.append("backward against finite differences of forward")
+    alone_outputs = len(out_shapes) > 1  # each output alone: the others get no cotangent (None, unmaterialized)
     if inputs * outputs <= JACOBIAN_ENTRIES and max(inputs, outputs) <= JACOBIAN_SIDE:
-        program = _finite_differences_program(call, flags)
-        _check_jacobians(call, plain, program, x0, patterns, checked_labels, eps, atol, rtol, who)
+        _check_jacobians(call, plain, flags, x0, patterns, checked_labels, eps, atol, rtol, who)
     else:  # too large for the full Jacobian: each leaf along a random direction (PyTorch's fast mode)
-        for which in patterns:
+        everything = list(range(len(x0)))
+        for which, suffix, output in [
+            *patterns,
+            *((everything, _output_alone(j), j) for j in range(len(out_shapes)) if alone_outputs),
+        ]:
             sub_x0 = [x0[k] for k in which]
-            sub_labels = [checked_labels[k] + (_ALONE if len(which) == 1 and alone else "") for k in which]
-            cotangent = _random_like(rng, out_shapes)
+            sub_labels = [checked_labels[k] + suffix for k in which]
+            cotangent = _random_like(rng, out_shapes if output is None else out_shapes[output])
             scalar, reference = (
-                lambda diff, f=f, c=cotangent, w=which: _vdot(c, _restricted(f, x0, w, diff)) for f in (call, plain)
+                lambda diff, f=f, c=cotangent, w=which, o=output: _vdot(c, _of_output(_restricted(f, x0, w, diff), o))
+                for f in (call, plain)
             )
             _check(scalar, reference, sub_x0, sub_labels, eps, atol, rtol, rng, "", who)
+    if alone_outputs:
+        report.ran.append(
+            f"backward with each of the {len(out_shapes)} outputs alone given a cotangent (the others none: None "
+            "under ctx.set_materialize_grads(False)) against finite differences of forward"
+        )
     if forward_mode is not None:
         cotangent = _random_like(rng, out_shapes)
         scalar, reference = (lambda diff, f=f: _vdot(cotangent, f(diff)) for f in (call, plain))
         if _check_forward(scalar, reference, x0, checked_labels, eps, atol, rtol, rng, who, forward_ad is None):
-            report.ran.append(f"{forward_mode} against finite differences of forward")
+            together = ", each input's tangent alone and all at once" if len(x0) > 1 else ""
+            report.ran.append(f"{forward_mode} against finite differences of forward{together}")
         else:
             report.not_run.append(f"{forward_mode}: a jaxfn function it calls has no forward-mode rule")
     if batching is not None:
-        _check_batched(call, plain, x0, checked_labels, out_shapes, atol, rtol, rng, who)
-        report.ran.append(f"{batching} against a loop of forward, and backward under jax.vmap")
+        batch_labels = [f"'{labels[i]}'" for i in (*checked, *call.others)]
+        described = _check_batched(call, x0, batch_labels, out_shapes, atol, rtol, rng, who)
+        report.ran.append(f"{batching} against a loop of forward, and backward under jax.vmap: {described}")
     if order == 2:
         cotangent = _random_like(rng, out_shapes)
         scalar = lambda diff: _vdot(cotangent, call(diff))  # noqa: E731
@@ -375,6 +396,70 @@ _EMPTY_INPUTS = (
 )
 
 
+_EVERY_SET = 5  # up to this many arguments, backward is checked with every non-empty set of them differentiated
+
+
+def _patterns(heads: list[str]) -> tuple[list[tuple[list[int], str, None]], str, str]:
+    """The sets of checked leaves to differentiate (the others held constant), each with what a
+    failure adds to the leaf's name; what the report's line adds; what it says was not checked.
+
+    ``ctx.needs_input_grad`` has one flag per argument (``heads``: each checked leaf's argument):
+    every non-empty set of the arguments up to ``_EVERY_SET`` of them (2^n - 1 sets), else all,
+    each alone and each all but one; and each leaf of a pytree argument alone."""
+    names = list(dict.fromkeys(heads))
+    groups = [[k for k, head in enumerate(heads) if head == name] for name in names]
+    n = len(groups)
+    if n <= _EVERY_SET:
+        sets = sorted(
+            (s for s in range(1, 1 << n)), key=lambda s: (s != (1 << n) - 1, bin(s).count("1") != 1, bin(s).count("1"))
+        )
+        chosen = [[g for g in range(n) if s >> g & 1] for s in sets]
+        described = f"every non-empty set of the {n} arguments" if n > 1 else ""
+        left_out = ""
+    else:
+        chosen = [list(range(n)), *([g] for g in range(n)), *([h for h in range(n) if h != g] for g in range(n))]
+        described = f"all {n} arguments, each alone and each all but one"
+        skipped = (1 << n) - 1 - len(chosen)
+        left_out = (
+            f"backward with the other {skipped} of the {(1 << n) - 1} sets of the {n} arguments differentiated "
+            f"(needs_input_grad patterns): all, each alone and each all but one were checked (every set is checked "
+            f"up to {_EVERY_SET} arguments)"
+        )
+    patterns: list[tuple[list[int], str, None]] = []
+    for which in chosen:
+        leaves = [k for g in which for k in groups[g]]
+        if len(which) == n:
+            suffix = ""
+        elif len(leaves) == 1:
+            suffix = _ALONE
+        else:
+            suffix = (
+                f" (with {_listed([repr(names[g]) for g in which])} differentiated, the other inputs held constant)"
+            )
+        patterns.append((sorted(leaves), suffix, None))
+    several = [group for group in groups if len(group) > 1]
+    patterns += [([k], _ALONE, None) for group in several for k in group]
+    if several:
+        described = f"{described}; " if described else ""
+        described += "each leaf of a pytree argument alone"
+    if len(patterns) > 1:
+        described = f", with {len(patterns)} sets of inputs differentiated (the others held constant): {described}"
+    return patterns, described, left_out
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _output_alone(j: int) -> str:
+    return f" (output {j} alone given a cotangent, the others none)"
+
+
+def _of_output(outs: list[Any], output: int | None) -> Any:
+    """All the outputs, or output ``output`` alone (so the others get no cotangent)."""
+    return outs if output is None else outs[output]
+
+
 def _restricted(f: Callable[[list[Any]], Any], x0: list[Any], which: list[int], diff: list[Any]) -> Any:
     """``f`` of the inputs ``which`` only; the others are the constants ``x0``, so JAX does not
     differentiate them (their needs_input_grad is False)."""
@@ -393,31 +478,38 @@ JACOBIAN_SIDE = 8192  # and at most this many inputs or outputs: one VJP per out
 _CHUNK = 1 << 20  # entries computed per vmapped batch
 
 
-def _check_jacobians(call, plain, program, x0, patterns, labels, eps, atol, rtol, who) -> None:
+def _check_jacobians(call, plain, flags, x0, patterns, labels, eps, atol, rtol, who) -> None:
     """Every element of the Jacobian of the real view of ``call``: backward's against central
-    finite differences of forward (``program``, run without any custom rule), for each pattern
-    of differentiated inputs (``patterns``, in order). Complex inputs and outputs are split into
+    finite differences of forward (one compiled program run without any custom rule), for each
+    pattern of differentiated inputs (``patterns``, in order), then, with several outputs, for
+    each output alone (the others get no cotangent). Complex inputs and outputs are split into
     real and imaginary parts, so JAX's convention for complex gradients is checked as a real
-    Jacobian. The finite differences do not depend on which inputs are differentiated: computed
-    once."""
+    Jacobian. The finite differences do not depend on which inputs are differentiated or which
+    outputs carry a cotangent: computed once."""
     parts = [(k, part) for k, x in enumerate(x0) for part in (("real", "imag") if jnp.iscomplexobj(x) else (None,))]
     r0 = [jnp.real(x0[k]) if part == "real" else jnp.imag(x0[k]) if part == "imag" else x0[k] for k, part in parts]
-    size = int(jax.eval_shape(lambda r: _flat(call(_joined(x0, parts, r))), r0).shape[0])
+    widths = [int(np.prod(o.shape)) * (2 if jnp.iscomplexobj(o) else 1) for o in jax.eval_shape(call, x0)]
+    size, columns = sum(widths), np.cumsum([0, *widths])
     n = sum(int(np.size(r)) for r in r0)
     chunk = _chunk(n, size)
-    numerical = _numerical_jacobian(program, call, plain, x0, parts, r0, eps, chunk)
-    for which in patterns:
+    numerical = None
+    everything = list(range(len(x0)))
+    alone = [(everything, _output_alone(j), j) for j in range(len(widths))] if len(widths) > 1 else []
+    for which, suffix, output in [*patterns, *alone]:
         own = [j for j, (k, _) in enumerate(parts) if k in which]
-        analytical = _analytical_jacobian(call, x0, parts, r0, own, size, chunk)
-        suffix = _ALONE if len(which) == 1 and len(patterns) > 1 else ""
+        analytical, value = _analytical_jacobian(call, x0, parts, r0, own, output, chunk)
+        if numerical is None:  # forward's value at x0, as backward's side computed it, validates the program
+            numerical = _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value)
+        cut = slice(None) if output is None else slice(columns[output], columns[output + 1])
         for j, ana in zip(own, analytical):
             (k, part), shape = parts[j], np.shape(r0[j])
-            _compare(labels[k] + suffix, part, shape, ana, numerical[j], atol, rtol, who)
+            _compare(labels[k] + suffix, part, shape, ana, numerical[j][:, cut], atol, rtol, who)
 
 
 def _chunk(n: int, size: int) -> int:
-    """How many rows one batch computes: every row where that fits in ``_CHUNK`` entries."""
-    return max(1, min(max(2 * n, size), _CHUNK // max(n, size)))
+    """How many rows one batch computes: every row (2n moves, x0 and a nearby point; or ``size``
+    cotangents) where that fits in ``_CHUNK`` entries."""
+    return max(1, min(max(2 * n + 2, size), _CHUNK // max(n, size)))
 
 
 _PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # the last _KEPT calls' programs
@@ -436,12 +528,13 @@ def _run(program: tuple[Any, Any], *args: Any) -> Any:
     return usual(*args)
 
 
-def _finite_differences_program(call: _Call, flags: Any) -> Any:
+def _finite_differences_program(call: _Call, flags: Any, fresh: bool = False) -> Any:
     """One compiled program: forward, run without any custom rule, at a batch of moves of the
     checked real parts, each row its flat outputs. Kept per call structure (``_Call.key``), so
-    the next check of the same function on arguments of the same shapes compiles nothing."""
+    the next check of the same function on arguments of the same shapes compiles nothing;
+    ``fresh``: traced again (forward read a value that has changed since, a global), and kept."""
     key = call.key(flags)
-    program = _PROGRAMS.get(key) if key is not None else None
+    program = _PROGRAMS.get(key) if key is not None and not fresh else None
     if program is None:
 
         def perturbed(parts: tuple, others: list[Any], r0: list[Any], steps: list[Any]) -> Any:
@@ -481,34 +574,60 @@ def _flat(outs: list[Any]) -> Any:
     return jnp.concatenate([jnp.ravel(p).astype(jnp.float64) for p in pieces])
 
 
-def _steps(r0: list[Any], rows: np.ndarray, values: np.ndarray) -> list[np.ndarray]:
-    """A batch of moves of the real parts ``r0``: batch element i moves joined element ``rows[i]``
-    by ``values[i]`` (made on the host, one chunk at a time)."""
+def _steps(r0: list[Any], moved: np.ndarray) -> list[np.ndarray]:
+    """A batch of moves of the real parts ``r0`` from rows of joined moves (made on the host, one
+    chunk at a time)."""
     sizes = [int(np.size(r)) for r in r0]
-    moved = np.zeros((len(rows), sum(sizes)))
-    moved[np.arange(len(rows)), rows] = values
     offsets = np.cumsum([0, *sizes])
-    return [moved[:, o : o + s].reshape((len(rows), *np.shape(r))) for r, s, o in zip(r0, sizes, offsets)]
+    return [moved[:, o : o + s].reshape((len(moved), *np.shape(r))) for r, s, o in zip(r0, sizes, offsets)]
 
 
-def _numerical_jacobian(program, call, plain, x0, parts, r0, eps, chunk) -> list[np.ndarray]:
+def _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value) -> list[np.ndarray]:
     """Central differences of forward along every real input element, one (elements, size) block
-    per part: the +eps and -eps evaluations of every element as one batch of ``program``. Where
-    that program can't be made (forward is host code, which a compiled program can't run
-    without its rules), forward is run one element at a time, as it is called."""
+    per part: the +eps and -eps evaluations of every element as one batch of the compiled
+    program. Where that program can't be made (forward is host code, which a compiled program
+    can't run without its rules), forward is run one element at a time, as it is called.
+
+    A kept program holds what forward read when it was traced (a global, an object's attribute):
+    the same batch also evaluates x0 and a nearby point, compared with forward run as it is called
+    (``value``: forward at x0, as backward's side ran it; and forward at the nearby point); where
+    they differ, forward is traced again."""
     sizes = [int(np.size(r)) for r in r0]
     n, offsets = sum(sizes), np.cumsum([0, *sizes])
     others = [call.leaves[i] for i in call.others]
+    rng = np.random.default_rng(1)  # its own: the other checks' random directions stay as they were
+    nearby = np.concatenate([np.ravel(rng.standard_normal(np.shape(r)) * 1e-2 * (1 + np.abs(r))) for r in r0])
 
-    def batch(rows: np.ndarray) -> tuple:  # rows n to 2n - 1: the -eps moves
-        return (_steps(r0, rows % n, np.where(rows < n, eps, -eps)),)
+    def batch(rows: np.ndarray) -> tuple:  # rows n to 2n - 1: the -eps moves; 2n: x0; 2n + 1: the nearby point
+        moved = np.zeros((len(rows), n))
+        step = np.nonzero(rows < 2 * n)[0]
+        moved[step, rows[step] % n] = np.where(rows[step] < n, eps, -eps)
+        moved[rows == 2 * n + 1] = nearby
+        return (_steps(r0, moved),)
+
+    def evaluate(program: Any) -> np.ndarray:
+        return _in_chunks(lambda steps: _run(program, tuple(parts), others, r0, steps), batch, 2 * n + 2, chunk)
 
     try:
-        values = _in_chunks(lambda steps: _run(program, tuple(parts), others, r0, steps), batch, 2 * n, chunk)
+        values = evaluate(_finite_differences_program(call, flags))
     except Exception:  # noqa: BLE001  (no program: one element at a time, which raises a real error itself)
         return [_numerical_one_by_one(plain, x0, parts, r0, j, eps) for j in range(len(parts))]
-    difference = (values[:n] - values[n:]) / (2 * eps)  # (n, size)
+    near = [jax.device_put(np.asarray(r) + m[0]) for r, m in zip(r0, _steps(r0, nearby[None]))]
+    # forward at the nearby point as backward's side ran it at x0 (in jax.vjp, whose staged forward is compiled)
+    called = jax.vjp(lambda values: _flat(call(_joined(x0, parts, values))), near)[0]
+    expected = np.stack([np.asarray(value), np.asarray(called)])
+    if not _same(values[2 * n :], expected):  # forward now computes something else: traced again
+        values = evaluate(_finite_differences_program(call, flags, fresh=True))
+    difference = (values[:n] - values[n : 2 * n]) / (2 * eps)  # (n, size)
     return [difference[o : o + s] for o, s in zip(offsets, sizes)]
+
+
+def _same(program: np.ndarray, called: np.ndarray) -> bool:
+    """Whether the compiled program's values are forward's as called, but for rounding (float32
+    rounding inside forward included: a change of forward that moves its value at the nearby
+    point by less is a change of its derivative within gradcheck's own tolerance)."""
+    scale = np.max(np.abs(np.where(np.isfinite(called), called, 0)), initial=0.0)
+    return bool(np.allclose(program, called, rtol=1e-6, atol=1e-6 * scale + 1e-12, equal_nan=True))
 
 
 def _numerical_one_by_one(f, x0, parts, r0, j, eps) -> np.ndarray:
@@ -524,16 +643,19 @@ def _numerical_one_by_one(f, x0, parts, r0, j, eps) -> np.ndarray:
     return np.stack([np.asarray(column(d)) for d in steps])
 
 
-def _analytical_jacobian(f, x0, parts, r0, own, size, chunk) -> list[np.ndarray]:
-    """Backward's Jacobian of ``f`` with respect to the real parts ``own`` only (the others held
+def _analytical_jacobian(f, x0, parts, r0, own, output, chunk) -> tuple[list[np.ndarray], Any]:
+    """Backward's Jacobian of ``f`` (of output ``output`` alone, the others given no cotangent;
+    every output where None) with respect to the real parts ``own`` only (the others held
     constant, so JAX does not differentiate them): forward once, at ``x0`` and unbatched (no
     vmap rule runs), then one VJP per output element as one batch (one at a time where batching
-    backward fails); one (elements, size) block per part of ``own``."""
+    backward fails); one (elements, outputs) block per part of ``own``; and forward's flat value."""
 
     def outputs(values: list[Any]) -> Any:
-        return _flat(f(_joined(x0, parts, [values[own.index(j)] if j in own else r for j, r in enumerate(r0)])))
+        outs = f(_joined(x0, parts, [values[own.index(j)] if j in own else r for j, r in enumerate(r0)]))
+        return _flat(outs if output is None else [outs[output]]), _flat(outs)
 
-    pullback = jax.vjp(outputs, [r0[j] for j in own])[1]
+    flat, pullback, value = jax.vjp(outputs, [r0[j] for j in own], has_aux=True)
+    size = int(flat.shape[0])
 
     def batch(rows: np.ndarray) -> tuple:  # the unit cotangents of output elements `rows`
         units = np.zeros((len(rows), size))
@@ -545,7 +667,7 @@ def _analytical_jacobian(f, x0, parts, r0, own, size, chunk) -> list[np.ndarray]
     except Exception:  # noqa: BLE001  (batching failed: one at a time, which raises a real error itself)
         unit = lambda row: (jnp.arange(size) == row).astype(jnp.float64)  # noqa: E731
         gradients = jax.lax.map(lambda row: pullback(unit(row))[0], jnp.arange(size))
-    return [np.asarray(g).reshape(size, -1).T for g in gradients]
+    return [np.asarray(g).reshape(size, -1).T for g in gradients], value
 
 
 def _in_chunks(run: Callable[..., Any], batch: Callable[[np.ndarray], Any], total: int, chunk: int) -> Any:
@@ -630,6 +752,35 @@ def _check_forward(scalar, reference, x0, labels, eps, atol, rtol, rng, who, may
         ):
             analytical = _along_basis(lambda d, k=k: _directional(scalar, x0, k, d), x0[k])
             _locate(reference, x0, k, analytical, label, eps, atol, rtol, " in forward mode (jvp)", who)
+    if len(x0) > 1:  # every tangent at once: a rule right with one nonzero tangent may not be with several
+        directions = [_random_like(rng, leaf) for leaf in x0]
+        try:
+            expected = float(jax.jvp(scalar, (x0,), (directions,))[1])
+        except GradcheckError:
+            raise
+        except Exception as err:  # noqa: BLE001 - each tangent alone ran: an exception now is the rule's failure
+            first = (str(err).splitlines() or [""])[0]
+            raise error(
+                GradcheckError,
+                who,
+                f"forward mode (jax.jvp) with every input's tangent set at once ({_listed(labels)}) raised "
+                f"{type(err).__name__} ({first}), where finite differences of forward give a derivative; check the "
+                "function's jvp rule",
+            ) from err
+        shifted = lambda step: [x + step * d for x, d in zip(x0, directions)]  # noqa: E731
+        numerical = float((reference(shifted(eps)) - reference(shifted(-eps))) / (2 * eps))
+        if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
+            numerical
+        ):
+            raise error(
+                GradcheckError,
+                who,
+                f"forward mode (jvp) with every input's tangent set at once ({_listed(labels)}, random directions) "
+                f"disagrees with finite differences of forward along the same direction: jvp {expected:.6g}, "
+                f"numerical {numerical:.6g} (|difference| {abs(expected - numerical):.3g} > atol {atol:g} + rtol "
+                f"{rtol:g} * |numerical|), though each tangent alone agrees; a jvp rule must be linear in the "
+                "tangents (no product of two tangents)",
+            )
     return True
 
 
@@ -651,44 +802,88 @@ def _along_basis(along, leaf) -> Any:
     return values
 
 
-def _check_batched(f, plain, x0, labels, out_shapes, atol, rtol, rng, who) -> None:
-    """``f`` under ``jax.vmap`` over three inputs (a vmap rule) against a Python loop of forward
-    (``plain``: no custom rule), and the gradient under ``jax.vmap`` against backward one input at
-    a time. An exception raised under ``jax.vmap`` is a failure."""
-    points = [x0] + [[x + 1e-3 * _random_like(rng, x) for x in x0] for _ in range(2)]
-    stacked = [jnp.stack(leaves) for leaves in zip(*points)]
+def _check_batched(call, x0, labels, out_shapes, atol, rtol, rng, who) -> str:
+    """The function under ``jax.vmap`` over three or more inputs (its vmap rule) against a Python loop of
+    forward (no custom rule), and the gradient under ``jax.vmap`` against backward one input at a
+    time, for each way a vmap rule is called: every array argument batched on axis 0; each alone
+    (the others unbatched, in_dims None); every one batched on its last axis. ``labels``: the
+    checked leaves', then the other arrays' (integer, boolean; batched with the same value). An
+    exception raised under ``jax.vmap`` is a failure. Returns what the report says ran."""
+    m, others = len(x0), [call.leaves[i] for i in call.others]
+    values = [*x0, *others]
+    # at least three examples, as many as no argument's dimension, so a rule that broadcasts an
+    # unbatched argument against the batch axis can't give the right shape by chance
+    count = next(b for b in itertools.count(3) if all(b not in np.shape(v) for v in values))
+    points = [values] + [[*(x + 1e-3 * _random_like(rng, x) for x in x0), *others] for _ in range(count - 1)]
     cotangent = _random_like(rng, out_shapes)
-    scalar = lambda diff: _vdot(cotangent, f(diff))  # noqa: E731
-    gradient = jax.grad(scalar)
-    for what, g, reference in (("the output", f, plain), ("the gradient", gradient, gradient)):
-        try:
-            batched = jax.vmap(g)(stacked)
-        except GradcheckError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the vmap rule (or backward under vmap) raised: a failure
-            first = (str(err).splitlines() or [""])[0]
-            raise error(
-                GradcheckError,
-                who,
-                f"{what} under jax.vmap raised {type(err).__name__} ({first}), where a loop of forward computes "
-                "it; check the function's vmap rule (or pass check_batched_grad=False to check the rest)",
-            ) from err
-        one_by_one = [reference(point) for point in points]
-        names = labels if what == "the gradient" else [f"output {i}" for i in range(len(one_by_one[0]))]
-        for k, name in enumerate(names):
-            _compare_batched(
-                what, name, np.asarray(batched[k]), [np.asarray(o[k]) for o in one_by_one], atol, rtol, who
-            )
+
+    def outputs(leaves: list[Any]) -> Any:
+        return call.with_others(leaves[m:], leaves[:m])
+
+    def forward(leaves: list[Any]) -> Any:
+        with plain_forward():
+            return outputs(leaves)
+
+    def gradient(leaves: list[Any]) -> Any:
+        return jax.grad(lambda diff: _vdot(cotangent, call.with_others(leaves[m:], diff)))(leaves[:m])
+
+    patterns: list[tuple[list[int | None], str]] = [([0] * len(values), "every argument batched on axis 0")]
+    if len(values) > 1:
+        patterns += [
+            ([0 if i == k else None for i in range(len(values))], f"only {label} batched (in_dims None for the others)")
+            for k, label in enumerate(labels)
+        ]
+    last = [int(np.ndim(v)) for v in values]
+    if any(last):
+        patterns.append((list(last), "every argument batched on its last axis"))
+    expected: dict[tuple, Any] = {}
+    for axes, where in patterns:
+        mask = tuple(a is not None for a in axes)
+        stacked = [
+            v if a is None else jnp.stack([p[i] for p in points], axis=a) for i, (v, a) in enumerate(zip(values, axes))
+        ]
+        for what, g, reference in (("the output", outputs, forward), ("the gradient", gradient, gradient)):
+            try:
+                batched = jax.vmap(g, in_axes=(axes,))(stacked)
+            except GradcheckError:
+                raise
+            except Exception as err:  # noqa: BLE001 - the vmap rule (or backward under vmap) raised: a failure
+                first = (str(err).splitlines() or [""])[0]
+                raise error(
+                    GradcheckError,
+                    who,
+                    f"{what} under jax.vmap raised {type(err).__name__} ({first}) with {where}, where a loop of "
+                    "forward computes it; check the function's vmap rule (or pass check_batched_grad=False to "
+                    "check the rest)",
+                ) from err
+            if (what, mask) not in expected:
+                expected[what, mask] = [
+                    reference([p[i] if batched_i else values[i] for i, batched_i in enumerate(mask)]) for p in points
+                ]
+            one_by_one = expected[what, mask]
+            names = labels[:m] if what == "the gradient" else [f"output {i}" for i in range(len(one_by_one[0]))]
+            for k, name in enumerate(names):
+                _compare_batched(
+                    what, name, where, np.asarray(batched[k]), [np.asarray(o[k]) for o in one_by_one], atol, rtol, who
+                )
+    described = [where for _, where in patterns[:1]]
+    if len(values) > 1:
+        described.append("each argument alone (the others unbatched)")
+    if any(last):
+        described.append("on the last axis")
+    return _listed(described)
 
 
-def _compare_batched(what: str, name: str, batched: np.ndarray, one_by_one: list[np.ndarray], atol, rtol, who) -> None:
+def _compare_batched(
+    what: str, name: str, where: str, batched: np.ndarray, one_by_one: list[np.ndarray], atol, rtol, who
+) -> None:
     expected = np.stack(one_by_one)
     if batched.shape != expected.shape:
         raise error(
             GradcheckError,
             who,
-            f"{what} for {name} under jax.vmap has shape {batched.shape}, but computed one example at a time it has "
-            f"{expected.shape}; check the function's vmap rule",
+            f"{what} for {name} under jax.vmap has shape {batched.shape} with {where}, but computed one example at a "
+            f"time it has {expected.shape}; check the function's vmap rule",
         )
     finite = np.isfinite(batched) & np.isfinite(expected)
     excess = np.where(finite, np.abs(batched - expected) - (atol + rtol * np.abs(expected)), np.inf)
@@ -699,10 +894,10 @@ def _compare_batched(what: str, name: str, batched: np.ndarray, one_by_one: list
     raise error(
         GradcheckError,
         who,
-        f"{what} for {name} under jax.vmap disagrees with the same computed one example at a time; worst at batch "
-        f"element {worst[0]}, index {worst[1:]}: batched {batched[worst]:.6g}, one at a time {expected[worst]:.6g} "
-        f"(|difference| {abs(batched[worst] - expected[worst]):.3g} > atol {atol:g} + rtol {rtol:g} * |value|); "
-        "check the function's vmap rule, or its backward under vmap",
+        f"{what} for {name} under jax.vmap disagrees with the same computed one example at a time, with {where}; "
+        f"worst at batch element {worst[0]}, index {worst[1:]}: batched {batched[worst]:.6g}, one at a time "
+        f"{expected[worst]:.6g} (|difference| {abs(batched[worst] - expected[worst]):.3g} > atol {atol:g} + rtol "
+        f"{rtol:g} * |value|); check the function's vmap rule, or its backward under vmap",
     )
 
 
@@ -801,10 +996,11 @@ def _vdot(weights: Any, values: Any) -> Any:
     return sum((jnp.vdot(w, v.astype(w.dtype)).real for w, v in pairs if w is not None), jnp.zeros((), jnp.float64))
 
 
-def _labels(fn: Callable[..., Any], args: tuple, paths: list[tuple]) -> list[str]:
-    """A name for each leaf: the parameter's name (from fn's signature) and its key path."""
+def _labels(fn: Callable[..., Any], args: tuple, paths: list[tuple]) -> tuple[list[str], list[str]]:
+    """A name for each leaf, the parameter's name (from fn's signature) and its key path; and the
+    name of the argument it is in (one ``ctx.needs_input_grad`` flag)."""
     names = _positional_names(fn, len(args))
-    labels = []
+    labels, heads = [], []
     for path in paths:
         (top, key, *rest) = path
         if top.idx == 1:  # a keyword argument
@@ -812,7 +1008,8 @@ def _labels(fn: Callable[..., Any], args: tuple, paths: list[tuple]) -> list[str
         else:
             head = names[key.idx] if key.idx < len(names) else f"args[{key.idx}]"
         labels.append(head + keystr(tuple(rest)))
-    return labels
+        heads.append(head)
+    return labels, heads
 
 
 def _name(fn: Callable[..., Any]) -> str:

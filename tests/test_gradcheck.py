@@ -455,7 +455,8 @@ def test_one_call_checks_every_rule_and_says_which():
     assert report.ran == [
         "backward against finite differences of forward",
         "the jvp rule against finite differences of forward",
-        "the vmap rule against a loop of forward, and backward under jax.vmap",
+        "the vmap rule against a loop of forward, and backward under jax.vmap: every argument batched on axis 0 "
+        "and on the last axis",
     ]
     assert str(report).startswith("jaxfn.gradcheck 'Sin': passes (3 checks)")
 
@@ -531,3 +532,244 @@ def test_saved_passes_python_numbers_as_they_are():
         assert [(r.function, r.save, r.kind) for r in report] == [("f", "z", "input")]
     else:
         assert [r.kind for r in report] == ["input"]
+
+
+class _Scaled(jaxfn.Function):
+    """x * sum(y) with a backward, a jvp and a vmap rule, all right; subclasses make one wrong."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        ctx.save_for_forward(x, y)
+        return x * jnp.sum(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * jnp.sum(y), jnp.full_like(y, jnp.sum(g * x))
+
+    @staticmethod
+    def jvp(ctx, tx, ty):
+        x, y = ctx.saved_tensors
+        return tx * jnp.sum(y) + x * jnp.sum(ty)
+
+    @staticmethod
+    def vmap(info, in_dims, x, y):
+        (dx, dy) = in_dims
+        x = x if dx is None else jnp.moveaxis(x, dx, 0)
+        total = jnp.sum(y) if dy is None else jnp.sum(jnp.moveaxis(y, dy, 0), -1, keepdims=True)
+        return x * total, 0
+
+
+_XY = (jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5, -1.0, 2.0]))
+
+
+def test_every_rule_of_a_right_function_passes_and_each_new_check_is_listed():
+    report = jaxfn.gradcheck(_Scaled, *_XY)
+    assert report, report
+    assert report.ran == [
+        "backward against finite differences of forward, with 3 sets of inputs differentiated (the others held "
+        "constant): every non-empty set of the 2 arguments",
+        "the jvp rule against finite differences of forward, each input's tangent alone and all at once",
+        "the vmap rule against a loop of forward, and backward under jax.vmap: every argument batched on axis 0, "
+        "each argument alone (the others unbatched) and on the last axis",
+    ]
+
+
+def test_a_vmap_rule_wrong_for_an_unbatched_argument_is_caught():
+    """Every argument batched on axis 0 is one way a vmap rule is called among several: one wrong
+    only where an argument is unbatched (in_dims None) fails, naming how it was batched."""
+
+    class WrongUnbatched(_Scaled):
+        @staticmethod
+        def vmap(info, in_dims, x, y):
+            (dx, dy) = in_dims
+            x = x if dx is None else jnp.moveaxis(x, dx, 0)
+            total = 2 * jnp.sum(y) if dy is None else jnp.sum(jnp.moveaxis(y, dy, 0), -1, keepdims=True)
+            return x * total, 0
+
+    with pytest.raises(
+        jaxfn.GradcheckError,
+        match=r"the output for output 0 under jax.vmap disagrees .*, with only 'x' batched \(in_dims None for the",
+    ):
+        jaxfn.gradcheck(WrongUnbatched, *_XY)
+
+    class Crashing(_Scaled):  # assumes y batched on axis 0
+        @staticmethod
+        def vmap(info, in_dims, x, y):
+            return x * jnp.sum(y[:, :], -1, keepdims=True), 0
+
+    with pytest.raises(jaxfn.GradcheckError, match=r"under jax.vmap raised .* with only 'x' batched"):
+        jaxfn.gradcheck(Crashing, *_XY)
+
+
+def test_a_vmap_rule_wrong_for_a_batch_axis_other_than_0_is_caught():
+    class Scale(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2.0
+
+        @staticmethod
+        def vmap(info, in_dims, x):
+            (d,) = in_dims
+            out = x * 2.0
+            return (out if d == 0 else jnp.flip(out, axis=-1)), d  # wrong unless the batch is on axis 0
+
+    with pytest.raises(
+        jaxfn.GradcheckError, match=r"under jax.vmap disagrees .*, with every argument batched on its last"
+    ):
+        jaxfn.gradcheck(Scale, X)
+
+
+def test_a_jvp_rule_wrong_only_with_several_tangents_is_caught():
+    """One tangent at a time sets the others to zero: a rule with a product of tangents is right
+    there; every tangent at once (random directions) against finite differences catches it."""
+
+    class CrossTerm(_Scaled):
+        @staticmethod
+        def jvp(ctx, tx, ty):
+            x, y = ctx.saved_tensors
+            return tx * jnp.sum(y) + x * jnp.sum(ty) + tx * jnp.sum(ty)
+
+    with pytest.raises(jaxfn.GradcheckError, match=r"forward mode \(jvp\) with every input's tangent set at once"):
+        jaxfn.gradcheck(CrossTerm, *_XY)
+
+
+def _product_of_three(wrong_for):
+    """x * y * z whose backward is wrong only when exactly the arguments ``wrong_for`` are differentiated."""
+
+    def forward(ctx, x, y, z):
+        ctx.save_for_backward(x, y, z)
+        return x * y * z
+
+    def backward(ctx, g):
+        x, y, z = ctx.saved_tensors
+        wrong = tuple(ctx.needs_input_grad) == wrong_for
+        return (3 if wrong else 1) * g * y * z, g * x * z, g * x * y
+
+    return jaxfn.autograd_function(forward, backward, name="product3")
+
+
+def test_a_backward_wrong_for_one_set_of_differentiated_arguments_is_caught():
+    x, y, z = jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0]), jnp.array([5.0, 6.0])
+    for wrong_for, named in (((True, True, False), "'x' and 'y'"), ((True, False, True), "'x' and 'z'")):
+        with pytest.raises(
+            jaxfn.GradcheckError, match=rf"the gradient for 'x' \(with {named} differentiated, the other"
+        ):
+            jaxfn.gradcheck(_product_of_three(wrong_for), x, y, z)
+    right = jaxfn.gradcheck(_product_of_three(None), x, y, z)
+    assert right.ran == [
+        "backward against finite differences of forward, with 7 sets of inputs differentiated (the others held "
+        "constant): every non-empty set of the 3 arguments",
+    ]
+
+
+def test_with_many_arguments_the_sets_not_checked_are_listed():
+    def forward(ctx, *a):
+        return sum(a[1:], a[0])
+
+    def backward(ctx, g):
+        n = ctx.needs_input_grad
+        return (3 * g if (n[0] and n[1] and not n[2] and not n[3]) else g,) + (g,) * 6  # a set not checked
+
+    f = jaxfn.autograd_function(forward, backward, name="sum7")
+    report = jaxfn.gradcheck(f, *(jnp.full(2, float(i)) for i in range(7)))
+    assert report.ran[0].endswith("all 7 arguments, each alone and each all but one")
+    assert report.not_run[0] == (
+        "backward with the other 112 of the 127 sets of the 7 arguments differentiated (needs_input_grad patterns): "
+        "all, each alone and each all but one were checked (every set is checked up to 5 arguments)"
+    )
+
+
+def test_a_kept_program_is_traced_again_when_forward_reads_a_changed_global():
+    """The finite-difference program is kept per call structure; what forward read when it was
+    traced (a global's value) is checked against forward as called, at x and a nearby point."""
+
+    class Config:
+        scale = 2.0
+        power = 2.0
+
+    config = Config()
+    scaled = jaxfn.autograd_function(lambda ctx, x: x * config.scale, lambda ctx, g: g * 2.0, name="scaled")
+    x = jnp.array([1.0, 2.0, 3.0])
+    assert jaxfn.gradcheck(scaled, x)
+    config.scale = 3.0  # forward now computes 3x; backward still says 2
+    with pytest.raises(jaxfn.GradcheckError, match=r"'scaled': the gradient for 'x' disagrees"):
+        jaxfn.gradcheck(scaled, x)
+
+    def power_backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 2.0 * x
+
+    def power_forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x**config.power
+
+    power = jaxfn.autograd_function(power_forward, power_backward, name="power")
+    ones = jnp.ones(3)  # forward's value at x is 1 whatever the power
+    assert jaxfn.gradcheck(power, ones)
+    config.power = 3.0
+    with pytest.raises(jaxfn.GradcheckError, match=r"'power': the gradient for 'x' disagrees"):
+        jaxfn.gradcheck(power, ones)
+    config.power = 2.0
+    assert jaxfn.gradcheck(power, ones)
+
+
+def test_a_backward_wrong_when_an_output_gets_no_cotangent_is_caught():
+    """A loss using one output gives the others no cotangent (None under
+    set_materialize_grads(False)): each output alone is checked."""
+
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return x * 2.0, x**2
+
+    def backward(ctx, g0, g1, wrong=True):
+        (x,) = ctx.saved_tensors
+        if g1 is None:
+            return g0 * (3.0 if wrong else 2.0)
+        if g0 is None:
+            return g1 * 2 * x
+        return g0 * 2.0 + g1 * 2 * x
+
+    x = jnp.array([1.0, 2.0, 3.0])
+    with pytest.raises(
+        jaxfn.GradcheckError, match=r"the gradient for 'x' \(output 0 alone given a cotangent, the others none\)"
+    ):
+        jaxfn.gradcheck(jaxfn.autograd_function(forward, backward, name="two"), x)
+    right = jaxfn.autograd_function(forward, lambda ctx, g0, g1: backward(ctx, g0, g1, wrong=False), name="two")
+    report = jaxfn.gradcheck(right, x)
+    assert report.ran == [
+        "backward against finite differences of forward",
+        "backward with each of the 2 outputs alone given a cotangent (the others none: None under "
+        "ctx.set_materialize_grads(False)) against finite differences of forward",
+    ]
+
+
+def test_the_reports_printed_on_the_gradcheck_page_are_what_gradcheck_prints():
+    """docs/gradcheck.md shows reports after "prints": each is what its Python block prints (the
+    docs test runs the blocks but does not compare their output)."""
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "gradcheck.md").read_text()
+    blocks = re.findall(r"```(\w*)\n(.*?)```", page, re.S)
+    namespace: dict = {"__name__": "docs_page"}
+    compared = 0
+    for (language, code), following in zip(blocks, [*blocks[1:], ("", "")]):
+        if language != "python":
+            continue
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, "docs/gradcheck.md", "exec"), namespace)
+        if printed.getvalue():
+            assert following[0] == "", code
+            assert printed.getvalue().split() == following[1].split(), printed.getvalue()
+            compared += 1
+    assert compared == 3
