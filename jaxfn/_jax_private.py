@@ -455,6 +455,8 @@ def _traced_by(value: Any, frame: Any, depth: int) -> str | None:
         return None  # computed inside the trace
     traced_for = getattr(stack.debug_info, "traced_for", None)
     if traced_for == "jit":  # under jax.vmap, jit's arguments may be batched ones: not known
+        if depth == 0 and custom_vjp3():  # jax_custom_vjp3 traces forward as a jit of its own: not known
+            return None
         return None if _under_vmap(trace) else "jit"
     if traced_for in _LOOPS:
         return "loop"

@@ -4,6 +4,7 @@ keywords, a Python flag that jax.jit traced (named, with static_argnames), a boo
 compaction under jit (a fixed size), and values given to mark_non_differentiable that forward
 does not return (named)."""
 
+import os
 import types
 
 import jax
@@ -15,6 +16,18 @@ import jaxfn
 from jaxfn import _pytorch_names
 
 X = jnp.array([[1.0, -2.0, 3.0], [-4.0, 5.0, -6.0]])
+
+
+# With jax_custom_vjp3 on, JAX traces forward as a jit of its own, so which transformation traced a
+# flag is not known there: the message gives every fix and claims none (never a wrong one).
+KNOWN = os.environ.get("JAX_CUSTOM_VJP3", "").lower() not in ("1", "true")
+
+
+def _none_claimed(name):
+    return (
+        rf"its argument '{name}', but '{name}' is traced .*jnp\.where.*static where jax\.jit is applied.*"
+        r"unbatched where jax\.vmap is"
+    )
 
 
 def _raises(kind, match, call):
@@ -228,13 +241,17 @@ def test_a_flag_traced_by_jit_is_named_with_static_argnames():
         TypeError,
         r"^jaxfn: 'pact': forward used the value of an array as a Python bool \(.*\): its argument 'inplace', but "
         r"'inplace' is traced \(bool\[\]\).*Python flag or number passed through jax\.jit.*mark it static where "
-        r"jax\.jit is applied: jax\.jit\(f, static_argnames=\('inplace',\)\).*static_argnums",
+        r"jax\.jit is applied: jax\.jit\(f, static_argnames=\('inplace',\)\).*static_argnums"
+        if KNOWN
+        else _none_claimed("inplace"),
         lambda: jax.jit(lambda x, b, i: _pact(x, 1.0, b, i))(X, 4, True),
     )
     err = _raises(
         TypeError,
         r"'pact': forward read the concrete value of an array .*: its argument 'num_bits', but 'num_bits' is traced "
-        r"\(int64\[\]\).*static_argnames=\('num_bits',\)",
+        r"\(int64\[\]\).*static_argnames=\('num_bits',\)"
+        if KNOWN
+        else _none_claimed("num_bits"),
         lambda: jax.jit(lambda x, b: jax.grad(lambda x: _pact(x, 1.0, b, False).sum())(x))(X, 4),
     )
     assert "if it is a value being differentiated" not in str(err)  # an integer is never one
@@ -260,7 +277,9 @@ def test_a_traced_float_scalar_is_named_with_both_fixes():
     _raises(
         TypeError,
         r"its argument 'alpha'.*static_argnames=\('alpha',\).*; if it is a value being differentiated, keep it an "
-        r"array instead: jnp\.where",
+        r"array instead: jnp\.where"
+        if KNOWN
+        else _none_claimed("alpha"),
         lambda: jax.jit(f)(X, 0.5),
     )
 
@@ -372,10 +391,12 @@ def test_a_flag_batched_by_vmap_is_told_in_axes_none_not_static_argnames():
     err = _raises(
         TypeError,
         r"^jaxfn: 'flagged': forward used the value of an array as a Python bool.*: its argument 'flag', but "
-        r"jax\.vmap batches 'flag'.*in_axes=None for it.*jnp\.where\(condition, a, b\) or jax\.lax\.cond",
+        r"jax\.vmap batches 'flag'.*in_axes=None for it.*jnp\.where\(condition, a, b\) or jax\.lax\.cond"
+        if KNOWN
+        else _none_claimed("flag"),
         lambda: jax.vmap(f)(jnp.stack([X, X]), jnp.array([True, False])),
     )
-    assert "static_argnames" not in str(err)
+    assert "static_argnames" not in str(err) or not KNOWN
 
 
 def test_a_loop_index_as_a_flag_is_told_a_python_loop_or_jnp_where_not_static_argnames():
@@ -387,10 +408,12 @@ def test_a_loop_index_as_a_flag_is_told_a_python_loop_or_jnp_where_not_static_ar
         err = _raises(
             TypeError,
             r"^jaxfn: 'steps': forward used the value of an array as a Python int.*: its argument 'n', but 'n' is "
-            r"traced by a JAX loop.*jnp\.where\(condition, a, b\) or jax\.lax\.cond.*loop in Python",
+            r"traced by a JAX loop.*jnp\.where\(condition, a, b\) or jax\.lax\.cond.*loop in Python"
+            if KNOWN
+            else _none_claimed("n"),
             loop,
         )
-        assert "static_argnames" not in str(err)
+        assert "static_argnames" not in str(err) or not KNOWN
 
 
 def test_a_flag_jit_traced_is_still_told_static_argnames_through_a_loop_or_vmap():
