@@ -103,6 +103,8 @@ class AutogradFunction:
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
         self.__name__ = self.name
+        # forward's parameters without ctx, as inspect.signature (and so jax.jit's static_argnames) reads them
+        self.__signature__ = _without_context(self._definition.signature)
 
     @property
     def forward(self) -> Callable[..., Any]:
@@ -582,6 +584,9 @@ class Function:
                 vmap=vmap,
             )
 
+        if cls._jaxfn is not None and "apply" not in cls.__dict__:  # .apply's signature: forward's, without ctx
+            cls.apply = classmethod(_apply_with_signature(cls._jaxfn.__signature__))  # type: ignore[method-assign]
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Function:
         if args or kwargs:  # Exp(x): PyTorch's Functions are called through .apply too
             raise error(AutogradFunctionTypeError, cls.__name__, _CALLED_DIRECTLY.format(cls=cls.__name__, how="("))
@@ -613,6 +618,23 @@ class Function:
                 "before .apply can be called",
             )
         return cls._jaxfn(*args, **kwargs)
+
+
+def _without_context(signature: inspect.Signature) -> inspect.Signature:
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def _apply_with_signature(signature: inspect.Signature) -> Callable[..., Any]:
+    """``Function.apply`` for one subclass, with forward's signature (without ctx), so that
+    ``jax.jit(F.apply, static_argnames=("flag",))`` finds the flag's position."""
+
+    def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        return Function.apply.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+
+    apply.__doc__ = Function.apply.__doc__
+    first = inspect.Parameter("cls", inspect.Parameter.POSITIONAL_ONLY)
+    apply.__signature__ = signature.replace(parameters=[first, *signature.parameters.values()])  # type: ignore[attr-defined]
+    return apply
 
 
 _CALLED_DIRECTLY = (

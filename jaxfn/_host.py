@@ -118,7 +118,7 @@ class HostFunction:
         arrays = _host_arrays(args.arrays)
         flags = (False,) * len(arrays)
         ctx, out = _run_forward(self.definition, args, arrays, flags)
-        info = _describe(self.definition.name, ctx, out, self.output, flags).info
+        info = _outputs_of(self.definition.name, ctx, out, self.output)
         outputs = _check_outputs(self.definition.name, info, out)
         if _anomaly.enabled():
             _anomaly.outputs(self.definition.name, info.rebuild(outputs))
@@ -393,6 +393,14 @@ def _numpy_dtype(dtype: Any) -> Any:
 
 
 def _describe(name: str, ctx: Context, out: Any, output: Any, flags: tuple[bool, ...]) -> _Probe:
+    """What forward returned (checked), and how what it saved crosses to backward."""
+    info = _outputs_of(name, ctx, out, output)
+    remainder, saved = _host_values.split(ctx)
+    return _Probe(flags, info, remainder, tuple(_host_values.carry(name, leaf) for leaf in saved))
+
+
+def _outputs_of(name: str, ctx: Context, out: Any, output: Any) -> Outputs:
+    """What a host forward returned, checked and described (all an eager call needs: no backward)."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     for leaf in leaves:
         if not isinstance(leaf, (np.ndarray, *_NUMBERS)) or _arguments.dtype_kind(np.asarray(leaf).dtype) == STATIC:
@@ -415,9 +423,7 @@ def _describe(name: str, ctx: Context, out: Any, output: Any, flags: tuple[bool,
         id(leaf) not in marked and _arguments.dtype_kind(s.dtype) == DIFF for leaf, s in zip(leaves, specs)
     )
     n = len(leaves)
-    info = Outputs(treedef, (True,) * n, (None,) * n, specs, differentiable, isinstance(out, (tuple, list)))
-    remainder, saved = _host_values.split(ctx)
-    return _Probe(flags, info, remainder, tuple(_host_values.carry(name, leaf) for leaf in saved))
+    return Outputs(treedef, (True,) * n, (None,) * n, specs, differentiable, isinstance(out, (tuple, list)))
 
 
 def _check_declared(name: str, output: Any, treedef: Any, specs: tuple[jax.ShapeDtypeStruct, ...]) -> None:

@@ -457,6 +457,8 @@ def _traced_by(value: Any, frame: Any, depth: int) -> str | None:
     if traced_for == "jit":  # under jax.vmap, jit's arguments may be batched ones: not known
         if depth == 0 and custom_vjp3():  # jax_custom_vjp3 traces forward as a jit of its own: not known
             return None
+        if _inside_api(_ABSTRACT_TRACES):  # jax.eval_shape, jax.make_jaxpr trace as jit does: no static_argnames
+            return None
         return None if _under_vmap(trace) else "jit"
     if traced_for in _LOOPS:
         return "loop"
@@ -491,3 +493,18 @@ def _under_vmap(trace: Any) -> bool:
         if type(trace).__name__ == "BatchTrace":
             return True
     return True
+
+
+_API_FILE = _os.path.join("jax", "_src", "api.py")
+_ABSTRACT_TRACES = frozenset({"eval_shape", "make_jaxpr", "make_jaxpr_f"})  # jax 0.10-0.12's names in api.py
+
+
+def _inside_api(names: frozenset[str]) -> bool:
+    """Whether one of JAX's API functions ``names`` (in jax/_src/api.py) is on the stack."""
+    frame = _sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in names and code.co_filename.endswith(_API_FILE):
+            return True
+        frame = frame.f_back
+    return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import inspect
 import linecache
 import os
 import re
@@ -27,6 +28,7 @@ from ._errors import (
     ArrayAttributeError,
     AutogradFunctionError,
     AutogradFunctionTypeError,
+    AutogradFunctionValueError,
     compaction_help,
     concretized,
     error,
@@ -255,13 +257,29 @@ def translate(
         said = _compaction(role, err) or _with_parameter(role, err, parameters)
         return said or (AutogradFunctionTypeError, _tracer_help(role, err), err)
     if isinstance(err, AttributeError):
+        if _raised_in_installed_code(err):
+            return None  # a library the user calls made the call: not theirs to respell
         sentence = _method_help(role, getattr(err, "name", None), getattr(err, "obj", None))
         return None if sentence is None else (ArrayAttributeError, sentence, err)
     if isinstance(err, (TypeError, ValueError, NotImplementedError)):
         sentence = _keyword_help(role, err) if isinstance(err, TypeError) else None
         sentence = sentence or _call_help(role, err)
-        return None if sentence is None else (AutogradFunctionTypeError, sentence, err)
+        kind = AutogradFunctionValueError if isinstance(err, ValueError) else AutogradFunctionTypeError
+        return None if sentence is None else (kind, sentence, err)  # `except ValueError` still catches it
     return None
+
+
+def _raised_in_installed_code(err: BaseException) -> bool:
+    """Whether the innermost frame of ``err``'s traceback outside JAX and NumPy is an installed
+    package's (site-packages): a call the user's code did not make itself."""
+    trace, user = err.__traceback__, None
+    while trace is not None:
+        if not trace.tb_frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+            user = trace
+        trace = trace.tb_next
+    if user is None:
+        return False
+    return any(part in user.tb_frame.f_code.co_filename for part in ("site-packages", "dist-packages"))
 
 
 def _already_said(function: str, role: str, err: AutogradFunctionError) -> bool:
@@ -339,9 +357,12 @@ def _keyword_help(role: str, err: TypeError) -> str | None:
         return None
     called, keyword = found.group(1), found.group(2)
     short = called.rsplit(".", 1)[-1].lstrip("_")
-    if not _calls_library(_failing_call(err)):
+    failing = _failing_call(err)
+    if not _calls_library(failing):
         return None  # not a JAX or NumPy function: the user's own, whose keyword is theirs
-    spelled = KEYWORDS[keyword]
+    spelled = _spelled(keyword, failing)
+    if spelled is None:
+        return None  # the function takes none of JAX's axis keywords: no spelling to give
     values = (
         f" (x.{short}(axis=d) gives the values; x.arg{short}(axis=d) the indices, which PyTorch's {short}(dim) "
         "returns too)"
@@ -514,6 +535,23 @@ def _value(node: ast.AST, frame: Any) -> Any:
         if isinstance(base, tuple) and isinstance(index, int) and -len(base) <= index < len(base):
             return base[index]
     return _UNKNOWN
+
+
+def _spelled(keyword: str, found: tuple[ast.Call, Any] | None) -> str | None:
+    """JAX's or NumPy's name for PyTorch's ``keyword`` in the function the failing call calls: the
+    one of ``axis``, ``axes``, ``dimension`` its signature has (``jnp.tensordot``: ``axes``); the
+    table's (``axis``) where the function can't be read (a method of an array computed in place);
+    None where it has none of them."""
+    if keyword not in ("dim", "dims") or found is None:
+        return KEYWORDS[keyword]
+    function = _value(found[0].func, found[1])
+    try:
+        parameters = inspect.signature(function).parameters if function is not _UNKNOWN else None
+    except (TypeError, ValueError):  # a builtin without a signature (a ufunc, an ndarray method)
+        parameters = None
+    if parameters is None or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return KEYWORDS[keyword]  # no signature to read (a tracer's method takes **kwargs)
+    return next((name for name in ("axis", "axes", "dimension") if name in parameters), None)
 
 
 def _calls_library(found: tuple[ast.Call, Any] | None) -> bool:

@@ -496,7 +496,7 @@ def test_a_users_own_helpers_keyword_is_theirs_even_named_like_a_jnp_function():
 def test_a_pytorch_method_with_a_jax_namesake_is_spelled(expression, method, fix, maybe_jit):
     f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, name="namesake")
     _raises(
-        TypeError,
+        (TypeError, ValueError),  # the kind of the error the array method raised
         rf"^jaxfn: 'namesake': forward called \.{method} as PyTorch's tensor method .* on a JAX array, whose "
         rf"\..*; write {fix}\.",
         lambda: maybe_jit(f)(X),
@@ -510,7 +510,11 @@ def test_a_pytorch_method_with_a_numpy_namesake_in_host_code_is_spelled_for_nump
         (lambda z: z.flatten(1), r"z\.reshape\(z\.shape\[0\], -1\)"),
     ):
         f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, host=True, name="host")
-        _raises(TypeError, rf"^jaxfn: 'host': forward called .*on a NumPy array.*write {fix}\.", lambda f=f: f(X))
+        _raises(
+            (TypeError, ValueError),
+            rf"^jaxfn: 'host': forward called .*on a NumPy array.*write {fix}\.",
+            lambda f=f: f(X),
+        )
 
 
 def test_a_namesakes_own_use_passes_through_unchanged():
@@ -539,3 +543,77 @@ def test_mark_non_differentiable_names_every_parameter_the_same_array_fills():
         lambda: f(X, X),
     )
     _raises(TypeError, r"its argument 0 \(forward's input 'y'\)", lambda: f(X, X + 1))
+
+
+# -- a second probe's cases: the keyword each function takes, the error's kind, what jit can see --
+
+
+@pytest.mark.parametrize(
+    "expression, called, spelled",
+    [
+        (lambda x: jnp.tensordot(x, x.T, dims=1), "tensordot", "axes"),
+        (lambda x: jnp.rot90(x, dims=(0, 1)), "rot90", "axes"),
+        (lambda x: jax.lax.sort(x, dim=0), "sort", "dimension"),
+    ],
+    ids=["tensordot", "rot90", "lax.sort"],
+)
+def test_a_pytorch_keyword_is_spelled_as_the_called_function_takes_it(expression, called, spelled):
+    f = jaxfn.autograd_function(_forward_doing(expression), lambda ctx, g: g, name="kw")
+    _raises(TypeError, rf"keyword dims?= to {called}\(\), which JAX and NumPy call {spelled}=", lambda: f(X))
+
+
+def test_a_pytorch_keyword_to_a_function_with_no_axis_keyword_is_left_as_python_says():
+    f = jaxfn.autograd_function(
+        lambda ctx, x: jax.tree_util.tree_map(lambda v: v * 2, x, dim=1), lambda ctx, g: g, name="kw"
+    )
+    with pytest.raises(TypeError, match=r"tree_map\(\) got an unexpected keyword argument 'dim'") as info:
+        f(X)
+    assert not isinstance(info.value, jaxfn.AutogradFunctionError)
+
+
+def test_a_translated_error_keeps_the_kind_of_the_users_error():
+    f = jaxfn.autograd_function(lambda ctx, x: x.transpose(0, 2), lambda ctx, g: g, host=True, name="kind")
+    with pytest.raises(ValueError, match=r"'kind': forward called \.transpose\(0, 2\)"):  # NumPy raised a ValueError
+        f(jnp.ones((2, 3, 4)))
+
+
+def test_a_flag_traced_by_eval_shape_is_not_told_jits_static_argnames():
+    def forward(ctx, x, flag):
+        return x * 2.0 if flag else x
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: (g, None), name="flagged")
+    err = _raises(TypeError, _none_claimed("flag"), lambda: jax.eval_shape(f, X, True))
+    assert "mark it static where jax.jit is applied: jax.jit(f" not in str(err)
+
+
+def _flag_forward(ctx, x, flag):
+    return x * 2.0 if flag else x
+
+
+class _Flagged(jaxfn.Function):
+    forward = staticmethod(_flag_forward)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def test_static_argnames_finds_a_flag_passed_by_position():
+    """A jaxfn function's signature is forward's without ctx, so jax.jit maps a static name to its position."""
+    f = jaxfn.autograd_function(_flag_forward, lambda ctx, g: (g, None), name="flagged")
+    for call in (f, _Flagged.apply):
+        np.testing.assert_allclose(jax.jit(call, static_argnames=("flag",))(X, True), 2 * X)
+        np.testing.assert_allclose(jax.grad(lambda x, call=call: call(x, True).sum())(X), jnp.ones_like(X))
+
+
+def test_a_pytorch_method_called_inside_an_installed_library_is_not_respelled(tmp_path, monkeypatch):
+    library = tmp_path / "site-packages"
+    library.mkdir()
+    (library / "torchish_helpers.py").write_text("def to_numpy(t):\n    return t.detach().cpu().numpy()\n")
+    monkeypatch.syspath_prepend(str(library))
+    import torchish_helpers
+
+    f = jaxfn.autograd_function(lambda ctx, x: torchish_helpers.to_numpy(x), lambda ctx, g: g, host=True, name="lib")
+    with pytest.raises(AttributeError, match="detach") as info:
+        f(jnp.arange(3.0))
+    assert not isinstance(info.value, jaxfn.AutogradFunctionError)
