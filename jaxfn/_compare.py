@@ -1,10 +1,14 @@
 """``jaxfn.compare``: a jaxfn port checked against the original PyTorch Function, located like gradcheck.
 
-Both run on the same inputs: forward's outputs, the gradients for every set of array leaves
-``needs_input_grad`` can name (the same seeded cotangents on both sides; beyond six leaves each
-alone, each pair, each all but one and all, the others listed), where the original defines them
-its ``jvp`` (seeded tangents) and ``vmap`` (a batch of two: every array at axis 0, at another
-axis, and each alone, the others unbatched) results, and with ``order=2`` second derivatives.
+Both run on the same inputs, the ways a rule is called in normal use: forward's outputs, the
+gradients for every set of array leaves ``needs_input_grad`` can name (the same seeded cotangents
+on both sides; beyond six leaves each alone, each pair, each all but one and all, the others
+listed), from every output and, where there are several, from each alone (and each all but one)
+with none for the others; where the original defines them its ``jvp`` (seeded tangents, every
+argument perturbed and each set of them alone, the others not) and ``vmap`` (a batch of two
+whose examples differ: floats O(1) apart, integers and booleans permuted; every array at axis 0,
+at another axis, and each alone, the others unbatched) results, and with ``order=2`` second
+derivatives.
 Every array counts however it is passed (positionally, by keyword, inside a tuple, list or dict,
 located by its key path), and arrays cross to PyTorch by ``from_torch``'s one conversion. Each
 value that differs is a row: the check, the output or parameter with its path, the index, both
@@ -30,6 +34,17 @@ from ._function import Function
 
 _TOLERANCES = {2: (1e-2, 1e-3), 4: (1e-4, 1e-5), 8: (1e-7, 1e-9)}  # itemsize: (rtol, atol)
 _ALL_SUBSETS = 6  # up to this many differentiable leaves every subset; beyond: each alone, each pair, all but one, all
+_ALONE_SUBSETS = 7  # up to this many subsets each output's cotangent alone for every one; beyond: 1, n - 1, n
+_ALONE_LEFT = (
+    "gradients from one output's cotangent alone, or all but one's (the others none), not compared for {left} of "
+    "the {total} needs_input_grad subsets compared (compared: each alone, each all but one, and all {n})"
+)
+_TANGENTS_LEFT = (
+    "jvp not compared for {left} of the {total} sets of arguments given a tangent (the others none): those "
+    "naming 3 to {most} of the {n} (compared: each alone, each pair, each all but one, and all)"
+)
+_BATCHES = ((False, False), (True, False), (True, True))  # a vmap's second example: (integers same, floats near)
+_CLOSER = ("", "(integers and booleans the same)", "(integers and booleans the same, floats 0.1 apart)")
 _NESTED_GRADIENT = (
     "PyTorch gives no gradient to a tensor inside a tuple, list or dict argument of a Function (only a tensor "
     "argument itself gets one), so the original's gradient for {where} is zero where the port's is not"
@@ -124,9 +139,14 @@ def compare(
     Compares forward's outputs, the gradients for each set of array arguments that
     `needs_input_grad` can name (seeded cotangents, the same on both sides; with more than six
     differentiable arrays each alone, each pair, each all but one and all, and the count of the
-    others is listed as not compared), and, where the original defines them, its `jvp` (seeded
-    tangents) and `vmap` results (a batch of two, with the same in_dims on both sides: every array
-    batched at axis 0, every array at a non-zero axis, and each array alone, the others unbatched);
+    others is listed as not compared), from all outputs and, with several, from each output alone
+    (and each all but one) with no cotangent for the others (`None` in a backward under
+    `set_materialize_grads(False)`), and, where the original defines them, its `jvp` (seeded
+    tangents: every argument perturbed, and each set of arguments alone, the others given no
+    tangent) and `vmap` results (a batch of two whose examples differ, floats by O(1), integers
+    and booleans permuted so they stay valid indices, with the same in_dims on both sides: every
+    array batched at axis 0, every array at a non-zero axis, and each array alone, the others
+    unbatched);
     `order=2` compares second derivatives too. Every array counts however it is passed:
     positionally, by keyword, or inside a tuple, list or dict (located by its key path). Arrays
     become tensors by `from_torch`'s conversion (bfloat16 and float8 by their bits). Values are
@@ -228,6 +248,7 @@ class _Run:
         self.narrow: dict[int, np.dtype] = {}  # output -> its dtype in the original, narrower than the inputs'
 
         self.inexact_outputs: list[int] = []  # the original's float and complex outputs
+        self.narrowed: dict[str, list[str]] = {}  # a narrowing by JAX's 32-bit default -> the values it narrowed
 
     # -- the two sides ---------------------------------------------------------------------------
     def tensors(self, flags: Any = ()) -> list[Any]:
@@ -345,15 +366,18 @@ class _Run:
         cotangents = [_random(self.rng, np.shape(o), np.iscomplexobj(o)) for o in outs]
         dirty: list[str] = []
         nested: list[str] = []
-        for subset, (label, kept, narrow) in itertools.product(subsets, self.flows()):
+        flows, alone = self.flows(), self.alone(report, subsets)
+        for subset, (label, kept, narrow) in [
+            *itertools.product(subsets, flows),
+            *((s, a) for s in subsets if s in alone[0] for a in alone[1]),
+        ]:
             flags = tuple(i in subset for i in range(len(self.given)))
             check = f"gradient needs_input_grad={flags}{label}"
             report.checks.append(check)
-            sent = self.sent(cotangents, kept)
-            theirs, written = self.original_gradients(subset, sent)
+            theirs, written = self.original_gradients(subset, cotangents, kept)
             dirty += [w for w in written if w not in dirty]
             try:
-                ours = self.port_gradients(list(subset), sent)
+                ours = self.port_gradients(list(subset), cotangents, kept)
             except Exception as err:  # noqa: BLE001 - the port's backward raised: a disagreement
                 self.raised(report, check, err, "gradients")
                 continue
@@ -379,9 +403,38 @@ class _Run:
         report.not_compared.append(_SUBSETS_LEFT.format(left=total - len(chosen), total=total, most=n - 2, n=n))
         return chosen
 
-    def original_gradients(self, subset: tuple[int, ...], cotangents: list[np.ndarray]) -> tuple[list[Any], list[str]]:
-        """The original's gradients for the leaves ``subset`` (None where PyTorch gives none), and
-        the inputs its forward wrote in place."""
+    def alone(
+        self, report: Report, subsets: list[tuple[int, ...]]
+    ) -> tuple[list[tuple[int, ...]], list[tuple[str, set[int], np.dtype | None]]]:
+        """Where the original has several float outputs, each given a cotangent alone, and with three
+        or more each left out (the others none: a loss of those outputs only, so a port's backward
+        gets None for the others under ``set_materialize_grads(False)``), for every subset up to
+        ``_ALONE_SUBSETS`` of them, beyond for each alone, each all but one and all, the count of
+        the others listed; a set of outputs that ``flows`` already sends is not sent twice."""
+        floats = self.inexact_outputs
+        if len(floats) < 2:
+            return [], []
+        sent = [kept for _, kept, _ in self.flows()]
+        sets = [{k} for k in floats] + ([set(floats) - {k} for k in floats] if len(floats) > 2 else [])
+        outputs: list[tuple[str, set[int], np.dtype | None]] = []
+        for kept in sets:
+            if kept not in sent:  # compared at the narrowest of their dtypes, where the original narrows
+                narrow = [self.narrow[k] for k in kept if k in self.narrow]
+                outputs.append((f" from {_outputs(sorted(kept))}", kept, min(narrow, key=_real_size, default=None)))
+        if not outputs:
+            return [], []
+        n = len(self.diff)
+        chosen = subsets if len(subsets) <= _ALONE_SUBSETS else [s for s in subsets if len(s) in (1, n - 1, n)]
+        if len(chosen) < len(subsets):
+            report.not_compared.append(_ALONE_LEFT.format(left=len(subsets) - len(chosen), total=len(subsets), n=n))
+        return chosen, outputs
+
+    def original_gradients(
+        self, subset: tuple[int, ...], cotangents: list[np.ndarray], kept: set[int] | None = None
+    ) -> tuple[list[Any], list[str]]:
+        """The original's gradients for the leaves ``subset`` (None where PyTorch gives none) from
+        the outputs ``kept`` (None: all) alone, each with its cotangent, and the inputs its forward
+        wrote in place."""
         torch = self.torch
         tensors = self.tensors(subset)
         given = [t.clone() if getattr(t, "requires_grad", False) else t for t in tensors]
@@ -392,7 +445,11 @@ class _Run:
         written = [
             f"'{self.labels[i]}'" for i, (t, v) in enumerate(zip(given, versions)) if v is not None and t._version != v
         ]
-        pairs = [(o, c) for o, c in zip(outs, cotangents) if getattr(o, "requires_grad", False)]
+        pairs = [
+            (o, c)
+            for k, (o, c) in enumerate(zip(outs, cotangents))
+            if (kept is None or k in kept) and getattr(o, "requires_grad", False)
+        ]
         wanted = [tensors[i] for i in subset]
         grads: list[Any] = [None] * len(wanted)
         if pairs:
@@ -406,12 +463,23 @@ class _Run:
             )
         return [None if g is None else np.conj(_numpy(torch, g)) for g in grads], written
 
-    def port_gradients(self, subset: list[int], cotangents: list[np.ndarray]) -> list[Any]:
-        out, pullback = jax.vjp(self.port_of(subset), *[self.leaves[i] for i in subset])
+    def port_gradients(
+        self, subset: list[int], cotangents: list[np.ndarray], kept: set[int] | None = None
+    ) -> list[Any]:
+        """The port's gradients for the leaves ``subset`` of a loss of the outputs ``kept`` (None:
+        all) alone: the others are not outputs of what is differentiated, so their cotangents are
+        JAX's symbolic zeros (None in a backward under ``set_materialize_grads(False)``)."""
+        port, outputs = self.port_of(subset), kept
+
+        def of_kept(*chosen: Any) -> Any:
+            return [leaf for k, leaf in enumerate(jax.tree_util.tree_leaves(port(*chosen))) if k in (outputs or ())]
+
+        out, pullback = jax.vjp(port if kept is None else of_kept, *[self.leaves[i] for i in subset])
         leaves, treedef = jax.tree_util.tree_flatten(out)
+        sent = cotangents if kept is None else [c for k, c in enumerate(cotangents) if k in kept]
         cts = [
             jax.numpy.asarray(c, leaf.dtype) if _is_inexact(leaf) else np.zeros(np.shape(leaf), jax.dtypes.float0)
-            for leaf, c in zip(leaves, cotangents)
+            for leaf, c in zip(leaves, sent)
         ]
         return list(pullback(jax.tree_util.tree_unflatten(treedef, cts)))
 
@@ -428,33 +496,57 @@ class _Run:
                 )
         if not top:
             return
-        report.checks.append("jvp")
         tangents = {i: _random(self.rng, np.shape(self.given[i]), False) for i in top}
+        n = len(top)
+        sizes = range(n - 1, 0, -1) if n <= _ALL_SUBSETS else sorted({n - 1, 2, 1}, reverse=True)
+        parts = [list(c) for k in sizes for c in itertools.combinations(top, k)]
+        if n > _ALL_SUBSETS:
+            report.not_compared.append(
+                _TANGENTS_LEFT.format(left=2**n - 2 - len(parts), total=2**n - 1, most=n - 2, n=n)
+            )
+        for which in [top, *parts]:  # every tangent at once first: a port without forward mode stops there
+            names = ", ".join(f"'{self.labels[i]}'" for i in which)
+            if not self.jvp_of(report, "jvp" if which is top else f"jvp of {names} alone", which, tangents):
+                return
+
+    def jvp_of(self, report: Report, check: str, which: list[int], tangents: dict[int, np.ndarray]) -> bool:
+        """One jvp compared: the leaves ``which`` perturbed (their seeded tangents), the others not
+        (on PyTorch's side no dual; on JAX's a function of ``which`` alone, so a port's jvp rule gets
+        None for the others under ``set_materialize_grads(False)``). False where the port has no
+        forward-mode rule (listed: no other jvp is tried)."""
+        report.checks.append(check)
         tensors = self.tensors()
-        with _torch.forward_ad(self.torch) as forward_ad:
-            duals = [
-                forward_ad.make_dual(t, _torch.tensor_of(self.torch, tangents[i]).to(t.dtype)) if i in tangents else t
-                for i, t in enumerate(tensors)
-            ]
-            outs = self.original_call(duals)
-            theirs = [
-                _numpy(self.torch, forward_ad.unpack_dual(o).tangent) if hasattr(o, "dtype") else None for o in outs
-            ]  # None: a zero tangent
         try:
-            ours = self.port_jvp(top, tangents)
+            with _torch.forward_ad(self.torch) as forward_ad:
+                duals = [
+                    forward_ad.make_dual(t, _torch.tensor_of(self.torch, tangents[i]).to(t.dtype)) if i in which else t
+                    for i, t in enumerate(tensors)
+                ]
+                outs = self.original_call(duals)
+                theirs = [
+                    _numpy(self.torch, forward_ad.unpack_dual(o).tangent) if hasattr(o, "dtype") else None for o in outs
+                ]  # None: a zero tangent
+        except Exception as err:  # noqa: BLE001 - the original's forward mode refused these tangents: listed
+            report.checks.remove(check)
+            first = (str(err).splitlines() or [""])[0]
+            report.not_compared.append(f"{check} not compared: the original raised {type(err).__name__} ({first})")
+            return True
+        try:
+            ours = self.port_jvp(which, tangents)
         except Exception as err:  # noqa: BLE001 - no forward mode is said as such; any other exception is a row
             if _jax_private.refused_forward_mode(err) or _rule.FORWARD_MODE_HELP in str(err):
-                report.checks.remove("jvp")
+                report.checks.remove(check)
                 report.not_compared.append(
                     "jvp not compared: the port has no forward-mode rule (give it a jvp rule, or forward_mode=True), "
                     "so jax.jvp refuses it"
                 )
-            else:
-                self.raised(report, "jvp", err, "tangents")
-            return
+                return False
+            self.raised(report, check, err, "tangents")
+            return True
         theirs = [np.zeros(np.shape(_numpy(self.torch, a))) if t is None else t for t, a in zip(theirs, outs)]
         both = [(a, b) for a, b in zip(ours, theirs) if _is_inexact(a)]
-        self.leaves_of(report, "jvp", "output", [a for a, _ in both], [b for _, b in both])
+        self.leaves_of(report, check, "output", [a for a, _ in both], [b for _, b in both])
+        return True
 
     def port_jvp(self, which: list[int], tangents: dict[int, np.ndarray]) -> list[Any]:
         primals = [jax.numpy.asarray(self.leaves[i]) for i in which]
@@ -497,32 +589,35 @@ class _Run:
         in_dims = "in_dims=(" + ", ".join(f"{self.labels[i]}={batching.get(i)}" for i in arrays) + ")"
         check = f"vmap {in_dims}"
         report.checks.append(check)
-        batch = list(self.given)
-        for i, axis in batching.items():
-            v = np.asarray(self.given[i])
-            two = (
-                np.stack([v, v + 0.1 * self.rng.standard_normal(v.shape)]).astype(v.dtype)
-                if _is_inexact(v)
-                else np.stack([v, v])
-            )
-            batch[i] = np.ascontiguousarray(np.moveaxis(two, 0, axis))
         dims = [batching.get(i) for i in range(len(self.given))]
-        torch_args, torch_kwargs = tree_unflatten(
-            self.treedef, [_torch.tensor_of(self.torch, b) if _is_array(b) else b for b in batch]
-        )
-        torch_dims = tree_unflatten(self.treedef, dims)
-        try:
-            with self.torch.no_grad():
-                out = self.torch.func.vmap(
-                    lambda a, k: self.function.apply(*a, **k), in_dims=(tuple(torch_dims[0]), torch_dims[1])
-                )(tuple(torch_args), torch_kwargs)
-        except Exception as err:  # noqa: BLE001 - a vmap rule that batches some arguments only: listed
-            report.checks.remove(check)
-            first = (str(err).splitlines() or [""])[0]
-            report.not_compared.append(
-                f"vmap not compared: the original raised {type(err).__name__} with {in_dims} ({first})"
-            )
+        # the batch's second example: floats O(1) away from the first, integers and booleans the
+        # given values permuted, so a rule that mixes examples or reads example 0's indices for all
+        # disagrees; where the original refuses that (an index out of range, a matrix no longer
+        # positive definite), integers and booleans the same, then floats 0.1 away too, listed
+        refused = ""
+        for ladder, (same, near) in enumerate(_BATCHES):
+            batch, repeated = self.batch_of(batching, same, near)
+            try:
+                out = self.original_vmap(batch, dims)
+                break
+            except Exception as err:  # noqa: BLE001 - a vmap rule that batches some arguments only: listed
+                refused = refused or _said(err)
+                if ladder == len(_BATCHES) - 1:
+                    report.checks.remove(check)
+                    report.not_compared.append(f"vmap not compared: the original raised {_said(err)} with {in_dims}")
+                    return
+        else:  # pragma: no cover - the loop breaks or returns
             return
+        if ladder:
+            report.not_compared.append(
+                f"vmap with {in_dims} compared only on a batch of two examples {_CLOSER[ladder]}: the original "
+                f"raised {refused} with integers and booleans permuted and floats O(1) apart"
+            )
+        if repeated:
+            report.not_compared.append(
+                f"vmap with {in_dims}: {', '.join(repeated)} holds one value only, so both examples of the batch "
+                "have it (another value might be out of range): a rule reading one example's for all is not caught"
+            )
         theirs = jax.tree_util.tree_leaves(out)
         in_axes = tree_unflatten(self.treedef, dims)
         try:
@@ -535,6 +630,30 @@ class _Run:
             self.raised(report, check, err, "outputs")
             return
         self.leaves_of(report, check, "output", ours, theirs)
+
+    def batch_of(self, batching: dict[int, int], same: bool, near: bool) -> tuple[list[Any], list[str]]:
+        """The call's leaves with those ``batching`` names made a batch of two along its axes (the
+        given value, then ``_other_example``'s), and the integer or boolean ones whose two examples
+        are the same though permuted."""
+        batch, repeated = list(self.given), []
+        for i, axis in batching.items():
+            v = np.asarray(self.given[i])
+            other = _other_example(self.rng, v, same, near)
+            if not same and not _is_inexact(v) and np.array_equal(other, v):
+                repeated.append(f"'{self.labels[i]}'")
+            batch[i] = np.ascontiguousarray(np.moveaxis(np.stack([v, other]), 0, axis))
+        return batch, repeated
+
+    def original_vmap(self, batch: list[Any], dims: list[int | None]) -> Any:
+        """The original through ``torch.func.vmap`` on ``batch``, with in_dims ``dims``."""
+        torch_args, torch_kwargs = tree_unflatten(
+            self.treedef, [_torch.tensor_of(self.torch, b) if _is_array(b) else b for b in batch]
+        )
+        torch_dims = tree_unflatten(self.treedef, dims)
+        with self.torch.no_grad():
+            return self.torch.func.vmap(
+                lambda a, k: self.function.apply(*a, **k), in_dims=(tuple(torch_dims[0]), torch_dims[1])
+            )(tuple(torch_args), torch_kwargs)
 
     def second(self, report: Report) -> None:
         """Second derivatives (reverse over reverse) along seeded directions, for every array leaf at
@@ -637,10 +756,17 @@ class _Run:
         if a.dtype != b.dtype and not narrowed and _kind(a.dtype) != _kind(b.dtype):
             report.rows.append(Row(check, where, None, f"dtype {a.dtype}", f"dtype {b.dtype}"))
             return
-        if narrowed:
-            note = f"{check}, {where}: {a.dtype} where the original has {b.dtype}, JAX's 32-bit default (x64 off)"
-            if note not in report.notes:
-                report.notes.append(note)
+        if narrowed:  # one note per pair of dtypes: the first value, and the count of the others
+            said = f"{a.dtype} where the original has {b.dtype}, JAX's 32-bit default (x64 off)"
+            seen = self.narrowed.setdefault(said, [])
+            if f"{check}, {where}" not in seen:
+                seen.append(f"{check}, {where}")
+                note = f"{seen[0]}: {said}" + (f" (and {_count(len(seen) - 1, 'other value')})" if seen[1:] else "")
+                first = next((k for k, n in enumerate(report.notes) if n.startswith(f"{seen[0]}: {said}")), None)
+                if first is None:
+                    report.notes.append(note)
+                else:
+                    report.notes[first] = note
         rtol, atol = self.tolerance(a.dtype, b.dtype, narrow)
         if _kind(a.dtype) in "fc":
             wide = np.complex128 if "c" in (_kind(a.dtype), _kind(b.dtype)) else np.float64
@@ -668,6 +794,31 @@ def _computed_saves(torch: Any, outputs: list[Any], inputs: list[Any]) -> bool:
     saved += [v for v in vars(node).values() if isinstance(v, torch.Tensor)] if hasattr(node, "__dict__") else []
     known = {id(t) for t in (*outputs, *inputs)}
     return any(id(t) not in known and not t.requires_grad and t.is_floating_point() for t in saved)
+
+
+def _said(err: Exception) -> str:
+    """An exception's type and the first line of its message."""
+    return f"{type(err).__name__} ({(str(err).splitlines() or [''])[0]})"
+
+
+def _other_example(rng: np.random.Generator, v: np.ndarray, same: bool, near: bool) -> np.ndarray:
+    """The second example of a vmap batch whose first is ``v``: floats each O(1) away (``near``:
+    0.1 times a normal), integers and booleans ``v``'s values permuted (rolled along an axis,
+    else reversed), so they stay valid indices, and differ where ``v`` holds two values
+    (booleans negated where it holds one); ``same``: integers and booleans ``v`` itself."""
+    if _is_inexact(v):
+        if near:
+            step = 0.1 * _random(rng, v.shape, np.iscomplexobj(v))
+        else:
+            step = rng.choice([-1.0, 1.0], v.shape) * rng.uniform(0.5, 1.5, v.shape)
+            step = step * (1 + 1j) / np.sqrt(2) if np.iscomplexobj(v) else step
+        return np.asarray(v + step).astype(v.dtype)
+    if same:
+        return v
+    for other in [*(np.roll(v, 1, axis) for axis in range(v.ndim)), v.ravel()[::-1].reshape(v.shape)]:
+        if not np.array_equal(other, v):
+            return other
+    return ~v if v.dtype == np.bool_ else v
 
 
 def _random(rng: np.random.Generator, shape: tuple, complex_: bool) -> np.ndarray:

@@ -86,7 +86,7 @@ def test_an_exception_in_the_port_s_jvp_rule_is_a_disagreement_with_its_message(
     assert not report, str(report)
     row = next(r for r in report.rows if r.check == "jvp")
     assert row.where == "the port" and str(row.port).startswith("raised ") and "shape" in str(row.port)
-    assert "1 disagreement\n" in str(report)  # one row: the singular
+    assert {r.check for r in report.rows} == {"jvp", "jvp of 'x' alone", "jvp of 'w' alone"}, str(report)
 
 
 def test_a_port_without_forward_mode_is_listed_as_not_compared():
@@ -99,6 +99,7 @@ def test_a_raising_port_forward_is_a_disagreement():
     boom = jaxfn.autograd_function(lambda ctx, x, w: (_ for _ in ()).throw(RuntimeError("boom")), lambda ctx, g: g)
     report = jaxfn.compare(boom, Scale, X, W)
     assert not report and report.rows[0].port == "raised RuntimeError: boom"
+    assert "1 disagreement\n" in str(report)  # one row: the singular
     assert "gradients not compared: the port's forward raised" in str(report)
 
 
@@ -435,3 +436,334 @@ def test_a_0_d_output_is_compared():
 
     assert jaxfn.compare(_mul_port(right, lambda x, w: (x * w).sum()), DotV, X, W)
     assert not jaxfn.compare(_mul_port(right, lambda x, w: (x * w).sum() * 1.01), DotV, X, W)
+
+
+# -- the ways a rule is called in normal use: integer batches, one tangent, one cotangent ---------
+
+
+class Take(torch.autograd.Function):  # x[..., idx], PyTorch's vmap rule generated
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, idx):
+        return x[..., idx]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, idx = inputs
+        ctx.save_for_backward(idx)
+        ctx.n = x.shape[-1]
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        return torch.zeros(ctx.n, dtype=g.dtype).index_add(0, idx, g), None
+
+
+def _take_port(first_only):
+    def rule(info, in_dims, x, idx):
+        x, idx = _moved(in_dims, x, idx)
+        x = x if in_dims[0] is not None else jnp.broadcast_to(x, (info.batch_size, *x.shape))
+        if in_dims[1] is None:
+            return x[:, idx], 0
+        if first_only:  # example 0's indices for every example
+            return x[:, idx[0]], 0
+        return jnp.take_along_axis(x, idx, axis=1), 0
+
+    return jaxfn.autograd_function(
+        lambda ctx, x, idx: (ctx.save_for_backward(idx), x[idx])[1],
+        lambda ctx, g: (jnp.zeros(4, g.dtype).at[ctx.saved_tensors[0]].add(g), None),
+        vmap=rule,
+        name="take",
+    )
+
+
+def test_a_vmap_rule_reading_example_0_s_integer_argument_for_all_disagrees():
+    x, idx = np.array([1.0, 2.0, 3.0, 4.0]), np.array([0, 2])
+    report = jaxfn.compare(_take_port(first_only=True), Take, x, idx)
+    assert not report, str(report)
+    assert any(r.check == "vmap in_dims=(x=None, idx=0)" for r in report.rows), str(report)
+    assert all(r.check.startswith("vmap") and "idx=None" not in r.check for r in report.rows), str(report)
+    assert jaxfn.compare(_take_port(first_only=False), Take, x, idx)
+
+
+def test_an_integer_argument_holding_one_value_is_listed():
+    report = jaxfn.compare(_take_port(first_only=True), Take, np.array([1.0, 2.0, 3.0, 4.0]), np.array([2, 2]))
+    assert report and "'idx' holds one value only" in str(report), str(report)
+
+
+class Masked(torch.autograd.Function):  # where(mask, x, 0)
+    @staticmethod
+    def forward(x, mask):
+        return torch.where(mask, x, torch.zeros_like(x))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        return torch.where(mask, g, torch.zeros_like(g)), None
+
+    @staticmethod
+    def vmap(info, in_dims, x, mask):
+        x = x.movedim(in_dims[0], 0) if in_dims[0] is not None else x
+        mask = mask.movedim(in_dims[1], 0) if in_dims[1] is not None else mask
+        return torch.where(mask, x, torch.zeros_like(x)), 0
+
+
+class Relu(torch.autograd.Function):  # max(x, 0), with a vmap rule right for every in_dims
+    @staticmethod
+    def forward(x):
+        return x.clamp(min=0)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (x > 0)
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        return x.movedim(in_dims[0], 0).clamp(min=0), 0
+
+
+def test_a_vmap_rule_reading_example_0_s_boolean_argument_for_all_disagrees():
+    def masked(first_only):
+        def rule(info, in_dims, x, mask):
+            x, mask = _moved(in_dims, x, mask)
+            x = x if in_dims[0] is not None else jnp.broadcast_to(x, (info.batch_size, *x.shape))
+            return jnp.where(mask[0] if first_only and in_dims[1] is not None else mask, x, 0), 0
+
+        return jaxfn.autograd_function(
+            lambda ctx, x, mask: (ctx.save_for_backward(mask), jnp.where(mask, x, 0))[1],
+            lambda ctx, g: (jnp.where(ctx.saved_tensors[0], g, 0), None),
+            vmap=rule,
+            name="masked",
+        )
+
+    mask = np.array([True, False, True, True])
+    report = jaxfn.compare(masked(first_only=True), Masked, X, mask)
+    assert not report and all(r.check.startswith("vmap") and "mask=None" not in r.check for r in report.rows)
+    assert "vmap in_dims=(x=None, mask=0)" in [r.check for r in report.rows], str(report)
+    assert jaxfn.compare(masked(first_only=False), Masked, X, mask)
+
+
+def test_a_vmap_rule_mixing_float_examples_disagrees():
+    def sign_of_example_0(info, in_dims, x):  # the decision (x > 0) of example 0 for every example
+        x = jnp.moveaxis(x, in_dims[0], 0)
+        return x * (x[0] > 0), 0
+
+    def right(info, in_dims, x):
+        return jnp.maximum(jnp.moveaxis(x, in_dims[0], 0), 0), 0
+
+    def relu(rule):
+        return jaxfn.autograd_function(
+            lambda ctx, x: (ctx.save_for_backward(x), jnp.maximum(x, 0))[1],
+            lambda ctx, g: g * (ctx.saved_tensors[0] > 0),
+            vmap=rule,
+            name="relu",
+        )
+
+    x = np.array([0.3, -0.2, 0.25, -0.4, 0.1, -0.15])
+    assert not jaxfn.compare(relu(sign_of_example_0), Relu, x)
+    assert jaxfn.compare(relu(right), Relu, x)
+
+
+class MulJ(torch.autograd.Function):  # x * y with a jvp rule
+    @staticmethod
+    def forward(x, y):
+        return x * y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * y, g * x
+
+    @staticmethod
+    def jvp(ctx, tx, ty):
+        x, y = ctx.saved_tensors
+        return tx * y + ty * x
+
+
+def _mul_jvp_port(jvp, materialize=True):
+    def forward(ctx, x, y):
+        ctx.set_materialize_grads(materialize)
+        ctx.save_for_backward(x, y)
+        ctx.save_for_forward(x, y)
+        ctx.needs = ctx.needs_input_grad
+        return x * y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * y, g * x
+
+    return jaxfn.autograd_function(forward, backward, jvp=jvp, name="mul")
+
+
+def test_a_jvp_rule_wrong_for_one_tangent_alone_disagrees():
+    def wrong_for_none(ctx, tx, ty):  # set_materialize_grads(False): a tangent not given is None
+        x, y = ctx.saved_tensors
+        if ty is None:
+            return 2 * tx * y
+        return ty * x if tx is None else tx * y + ty * x
+
+    report = jaxfn.compare(_mul_jvp_port(wrong_for_none, materialize=False), MulJ, X, W)
+    assert [r.check for r in report.rows] == ["jvp of 'x' alone"], str(report)
+
+    def wrong_for_y_constant(ctx, tx, ty):  # reads needs_input_grad: y not differentiated
+        x, y = ctx.saved_tensors
+        return 3 * tx * y if not ctx.needs[1] else tx * y + ty * x
+
+    report = jaxfn.compare(_mul_jvp_port(wrong_for_y_constant), MulJ, X, W)
+    assert not report and all(r.check == "jvp of 'x' alone" for r in report.rows), str(report)
+
+    def right(ctx, tx, ty):
+        x, y = ctx.saved_tensors
+        return (0 if tx is None else tx * y) + (0 if ty is None else ty * x)
+
+    report = jaxfn.compare(_mul_jvp_port(right, materialize=False), MulJ, X, W)
+    assert report and {"jvp", "jvp of 'x' alone", "jvp of 'y' alone"} <= set(report.checks), str(report)
+
+
+class TwoOut(torch.autograd.Function):  # (2x + y, x * y)
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * 2.0 + y, x * y
+
+    @staticmethod
+    def backward(ctx, g0, g1):
+        x, y = ctx.saved_tensors
+        return g0 * 2.0 + g1 * y, g0 + g1 * x
+
+
+def _two_out_port(wrong_when):
+    def forward(ctx, x, y):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, y)
+        return x * 2.0 + y, x * y
+
+    def backward(ctx, g0, g1):
+        x, y = ctx.saved_tensors
+        if g1 is None:
+            return g0 * (3.0 if wrong_when == 1 else 2.0), g0
+        if g0 is None:
+            return g1 * y, g1 * x * (3.0 if wrong_when == 0 else 1.0)
+        return g0 * 2.0 + g1 * y, g0 + g1 * x
+
+    return jaxfn.autograd_function(forward, backward, name="two")
+
+
+@pytest.mark.parametrize("wrong_when", [0, 1])
+def test_a_backward_wrong_when_another_output_has_no_cotangent_disagrees(wrong_when):
+    report = jaxfn.compare(_two_out_port(wrong_when), TwoOut, X, W)
+    assert not report, str(report)
+    alone = 1 - wrong_when
+    assert all(r.check.endswith(f" from output {alone}") for r in report.rows), str(report)
+    assert f"gradient needs_input_grad=(True, True) from output {alone}" in [r.check for r in report.rows]
+    right = jaxfn.compare(_two_out_port(None), TwoOut, X, W)
+    assert right and "gradient needs_input_grad=(True, False) from output 1" in right.checks, str(right)
+
+
+class Gather2(torch.autograd.Function):  # x[idx[:, 0], idx[:, 1]], PyTorch's vmap rule generated
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, idx):
+        return x[idx[:, 0], idx[:, 1]]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None
+
+
+def test_a_batch_the_original_refuses_far_apart_is_compared_near_and_listed():
+    port = jaxfn.autograd_function(
+        lambda ctx, x, idx: x[idx[:, 0], idx[:, 1]], lambda ctx, g: (None, None), name="gather"
+    )
+    x, idx = RNG.standard_normal((1, 4)), np.array([[0, 3]])  # idx's values permuted: row 3 of 1, out of range
+    report = jaxfn.compare(port, Gather2, x, idx)
+    assert report and "vmap in_dims=(x=None, idx=0)" in report.checks, str(report)
+    assert (
+        "vmap with in_dims=(x=None, idx=0) compared only on a batch of two examples (integers and booleans the "
+        "same): the original raised IndexError" in str(report)
+    ), str(report)
+
+
+class Three(torch.autograd.Function):  # (x + 2y + 3z, x * y, y * z), with a jvp rule
+    @staticmethod
+    def forward(x, y, z):
+        return x + 2 * y + 3 * z, x * y, y * z
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g0, g1, g2):
+        x, y, z = ctx.saved_tensors
+        return g0 + g1 * y, 2 * g0 + g1 * x + g2 * z, 3 * g0 + g2 * y
+
+    @staticmethod
+    def jvp(ctx, tx, ty, tz):
+        x, y, z = ctx.saved_tensors
+        return tx + 2 * ty + 3 * tz, tx * y + x * ty, ty * z + y * tz
+
+
+def _three_port(wrong_jvp=False, wrong_backward=False):
+    def forward(ctx, x, y, z):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, y, z)
+        ctx.save_for_forward(x, y, z)
+        return x + 2 * y + 3 * z, x * y, y * z
+
+    def zero(v):
+        return 0 if v is None else v
+
+    def backward(ctx, g0, g1, g2):
+        x, y, z = ctx.saved_tensors
+        if wrong_backward and g2 is None and g0 is not None and g1 is not None:
+            return g0 + g1 * y, 2 * g0 + g1 * x, 0 * g0  # forgets z's part of output 0
+        g0, g1, g2 = zero(g0), zero(g1), zero(g2)
+        return g0 + g1 * y, 2 * g0 + g1 * x + g2 * z, 3 * g0 + g2 * y
+
+    def jvp(ctx, tx, ty, tz):
+        x, y, z = ctx.saved_tensors
+        if wrong_jvp and tz is None and tx is not None and ty is not None:
+            return tx + 2 * ty, tx * y + 2 * x * ty, ty * z  # wrong where z alone is not perturbed
+        tx, ty, tz = zero(tx), zero(ty), zero(tz)
+        return tx + 2 * ty + 3 * tz, tx * y + x * ty, ty * z + y * tz
+
+    return jaxfn.autograd_function(forward, backward, jvp=jvp, name="three")
+
+
+def test_a_jvp_rule_wrong_when_all_but_one_argument_is_perturbed_disagrees():
+    z = RNG.standard_normal(4)
+    report = jaxfn.compare(_three_port(wrong_jvp=True), Three, X, W, z)
+    assert not report and {r.check for r in report.rows} == {"jvp of 'x', 'y' alone"}, str(report)
+    report = jaxfn.compare(_three_port(), Three, X, W, z)
+    assert report and "jvp of 'z' alone" in report.checks and "jvp of 'y', 'z' alone" in report.checks
+
+
+def test_a_backward_wrong_when_one_of_three_outputs_has_no_cotangent_disagrees():
+    z = RNG.standard_normal(4)
+    report = jaxfn.compare(_three_port(wrong_backward=True), Three, X, W, z)
+    assert not report and all(r.check.endswith(" from outputs 0, 1") for r in report.rows), str(report)
+    report = jaxfn.compare(_three_port(), Three, X, W, z)
+    assert report and "gradient needs_input_grad=(True, True, True) from output 2" in report.checks, str(report)
+    assert "not compared for 3 of the 7 needs_input_grad subsets" not in str(report)
