@@ -85,13 +85,17 @@ def gradcheck(
       `ctx.needs_input_grad`; above 5 arguments all, each alone and each all but one, and the
       report lists the sets left out), and, with several outputs, each output alone given a
       cotangent (the others none: `None` under `ctx.set_materialize_grads(False)`);
-    - forward mode (a `jvp` rule, or the one `forward_mode=True` derives): `jax.jvp` along a
-      random direction per leaf, then along every leaf at once, against finite differences of
-      forward;
-    - batching (a `vmap` rule): `jax.vmap` over three or more nearby inputs against a Python loop
-      of forward, and the gradient under `jax.vmap` against backward one input at a time, with
-      every array argument batched on axis 0, each alone (the others unbatched) and every one on
-      its last axis.
+    - forward mode (a `jvp` rule, or the one `forward_mode=True` derives): `jax.jvp` of the function
+      of each set of arguments backward is checked with (the others not perturbed: no tangent,
+      `ctx.needs_input_grad` False) along random directions, every output element against finite
+      differences of forward along the same directions;
+    - batching (a `vmap` rule): `jax.vmap` over three or more examples O(1) apart (integer and
+      boolean arrays: their own values rearranged) against a Python loop of forward, the value of
+      every array output (integer and non-differentiable ones included), and the gradient under
+      `jax.vmap` against backward one example at a time, with every array argument batched on axis
+      0 (also in a batch of one), each argument alone (all its leaves; the others unbatched), each
+      leaf of a pytree argument alone, and every one on its last axis. A Python number is never
+      batched: it is passed as given, as a call under `jax.vmap` passes it.
 
     By default every rule the function has is checked; for a callable that is not itself a jaxfn
     function (a `lambda` around one), forward mode is checked where `jax.jvp` of it is not
@@ -100,12 +104,14 @@ def gradcheck(
     Every floating-point or complex leaf of every argument is checked (arrays of any precision,
     bfloat16 and float8 included, and Python and NumPy float scalars: they are the values to
     check), through every differentiable output (outputs marked non-differentiable, integer
-    outputs and Python values are left out), in float64 / complex128: x64 is switched on with
-    JAX's own context manager for the check only, so the setting in force before (global or a
-    `jax.enable_x64` context) is back afterwards. Integer, boolean and other arguments are
-    passed through unchanged. Complex leaves follow JAX's convention: the derivative along a
-    direction `d` is `Re(sum(grad * d))`, checked along real and imaginary directions. A
-    call with nothing to check (no floating leaf, or no differentiable output) raises.
+    outputs and Python values are left out of the gradients; the batching check compares every
+    array output's value), in float64 / complex128: x64 is switched on with JAX's own context
+    manager for the check only, so the setting in force before (global or a `jax.enable_x64`
+    context) is back afterwards. Integer, boolean and other arguments are passed through
+    unchanged (batched, for the batching check, as their own values rearranged). Complex leaves
+    follow JAX's convention: the derivative along a direction `d` is `Re(sum(grad * d))`, checked
+    along real and imaginary directions. A call with nothing to check (no floating leaf, or no
+    differentiable output) raises.
 
     Cost: up to 4M entries (and 8,192 inputs or outputs), the whole Jacobian is compared
     element by element. The finite differences (two evaluations of forward per input element)
@@ -266,7 +272,7 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
     # the arguments differentiated (the others held constant) up to _EVERY_SET arguments; above,
     # all, each alone and each all but one, and the report says how many sets were not checked.
     patterns, described, left_out = _patterns([heads[i] for i in checked])
-    report.ran.append("backward against finite differences of forward" + described)
+    report.ran.append("backward against finite differences of forward" + _sets(patterns, described, _DIFFERENTIATED))
     if left_out:
         report.not_run.append(left_out)
     forward_mode, batching = _rules_to_check(fn, forward_ad, batched_grad, report)
@@ -293,17 +299,33 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
             "under ctx.set_materialize_grads(False)) against finite differences of forward"
         )
     if forward_mode is not None:
-        cotangent = _random_like(rng, out_shapes)
-        scalar, reference = (lambda diff, f=f: _vdot(cotangent, f(diff)) for f in (call, plain))
-        if _check_forward(scalar, reference, x0, checked_labels, eps, atol, rtol, rng, who, forward_ad is None):
-            together = ", each input's tangent alone and all at once" if len(x0) > 1 else ""
-            report.ran.append(f"{forward_mode} against finite differences of forward{together}")
+        if _check_forward(call, plain, x0, patterns, checked_labels, out_shapes, eps, atol, rtol, rng, who, forward_ad):
+            report.ran.append(
+                f"{forward_mode} against finite differences of forward, element by element"
+                + _sets(patterns, described, _PERTURBED)
+            )
+            if left_out:
+                report.not_run.append(
+                    left_out.replace("backward with", f"{forward_mode} with", 1).replace(
+                        " differentiated (", " perturbed (", 1
+                    )
+                )
         else:
             report.not_run.append(f"{forward_mode}: a jaxfn function it calls has no forward-mode rule")
     if batching is not None:
-        batch_labels = [f"'{labels[i]}'" for i in (*checked, *call.others)]
-        described = _check_batched(call, x0, batch_labels, out_shapes, atol, rtol, rng, who)
-        report.ran.append(f"{batching} against a loop of forward, and backward under jax.vmap: {described}")
+        given = [with_paths[i][1] for i in checked]
+        names = [labels[i] for i in (*checked, *call.others)], [heads[i] for i in (*checked, *call.others)]
+        described = _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who)
+        if described is None:
+            report.not_run.append(
+                f"{batching}: no argument is an array to batch (a Python number is passed unbatched under "
+                "jax.vmap, as a call passes it)"
+            )
+        else:
+            report.ran.append(
+                f"{batching} against a loop of forward (the value of every array output, integer and "
+                f"non-differentiable ones included), and backward under jax.vmap: {described}"
+            )
     if order == 2:
         cotangent = _random_like(rng, out_shapes)
         scalar = lambda diff: _vdot(cotangent, call(diff))  # noqa: E731
@@ -353,11 +375,19 @@ class _Call:
         return self.with_others([self.leaves[i] for i in self.others], diff)
 
     def with_others(self, others: list[Any], diff: list[Any]) -> list[Any]:
+        return self.select(self.output(others, diff))
+
+    def every(self, others: list[Any], diff: list[Any]) -> list[Any]:
+        """Every leaf of the output: each array (integer, non-differentiable included), None for a
+        Python value."""
+        return [leaf if _is_array(leaf) else None for leaf in jax.tree_util.tree_leaves(self.output(others, diff))]
+
+    def output(self, others: list[Any], diff: list[Any]) -> Any:
         full = list(self.leaves)
         for i, value in (*zip(self.others, others), *zip(self.checked, diff)):
             full[i] = value
         call_args, call_kwargs = tree_unflatten(self.treedef, full)
-        return self.select(self.fn(*call_args, **call_kwargs))
+        return self.fn(*call_args, **call_kwargs)
 
     def key(self, flags: Any) -> Any:
         """What the call's compiled programs are kept under: the function, the structure, the
@@ -386,6 +416,8 @@ def _plain(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _ALONE = " (differentiated alone, the other inputs held constant)"
+_DIFFERENTIATED = "differentiated (the others held constant)"
+_PERTURBED = "perturbed (the others not: no tangent, needs_input_grad False)"
 _NO_INPUTS = (
     "there is nothing to check: no argument has a floating-point or complex leaf (Python and NumPy floats count; "
     "integers, booleans and other values are passed through), so no gradient was compared"
@@ -442,9 +474,12 @@ def _patterns(heads: list[str]) -> tuple[list[tuple[list[int], str, None]], str,
     if several:
         described = f"{described}; " if described else ""
         described += "each leaf of a pytree argument alone"
-    if len(patterns) > 1:
-        described = f", with {len(patterns)} sets of inputs differentiated (the others held constant): {described}"
     return patterns, described, left_out
+
+
+def _sets(patterns: list, described: str, how: str) -> str:
+    """What a report's line adds for the sets of inputs ``patterns`` (``how``: what is done to a set)."""
+    return f", with {len(patterns)} sets of inputs {how}: {described}" if len(patterns) > 1 else ""
 
 
 def _listed(items: list[str]) -> str:
@@ -724,70 +759,100 @@ def _check(scalar, reference, x0, labels, eps, atol, rtol, rng, what, who) -> No
             _locate(reference, x0, k, analytical[k], label, eps, atol, rtol, what, who)
 
 
-def _check_forward(scalar, reference, x0, labels, eps, atol, rtol, rng, who, may_refuse=True) -> bool:
-    """Forward mode: each leaf's directional derivative (``jax.jvp`` of ``scalar``, through the
-    function's forward-mode rule) along one random direction against finite differences of
-    ``reference`` (forward without custom rules); a failing leaf located element by element.
-    False where JAX refuses forward mode (a jaxfn function inside has no forward-mode rule) and
-    ``may_refuse``; an exception the rule raises is a failure."""
-    for k, (label, leaf) in enumerate(zip(labels, x0)):
-        direction = _random_like(rng, leaf)
+def _check_forward(call, plain, x0, patterns, labels, out_shapes, eps, atol, rtol, rng, who, forward_ad) -> bool:
+    """Forward mode, element by element: for each set of inputs ``patterns`` (backward's: each leaf
+    alone first, every input at once last), ``jax.jvp`` of the function of those inputs alone (the
+    others closed over as constants, so they are not perturbed: their tangent is None under
+    ``ctx.set_materialize_grads(False)``, their ``ctx.needs_input_grad`` False) along random
+    directions, through the function's forward-mode rule, against the central difference of forward
+    (no custom rule) along the same directions, every output element within ``atol + rtol *
+    |numerical|``. A failing leaf alone is located by input element where a random combination of
+    the outputs shows it, else by output element. False where JAX refuses forward mode (a jaxfn
+    function inside has no forward-mode rule) and ``forward_ad`` is None; an exception the rule
+    raises is a failure."""
+    everything = list(range(len(x0)))
+    ordered = sorted((which for which, _, _ in patterns), key=lambda w: (len(w) != 1, w == everything, len(w)))
+    cotangent = _random_like(rng, out_shapes)  # to locate a failing leaf by input element
+    for which in ordered:
+        sub = [x0[k] for k in which]
+        directions = [_random_like(rng, x) for x in sub]
+        along = _perturbed(which, labels, len(x0))
         try:
-            expected = float(_directional(scalar, x0, k, direction))
+            tangents = jax.jvp(lambda diff, w=which: call(_replaced(x0, w, diff)), (sub,), (directions,))[1]
         except GradcheckError:
             raise
         except Exception as err:  # noqa: BLE001 - a refusal (no rule) is said as such; any other is a failure
-            if may_refuse and (refused_forward_mode(err) or FORWARD_MODE_HELP in str(err)):
+            if forward_ad is None and (refused_forward_mode(err) or FORWARD_MODE_HELP in str(err)):
                 return False
             first = (str(err).splitlines() or [""])[0]
             raise error(
                 GradcheckError,
                 who,
-                f"forward mode (jax.jvp) for {label} raised {type(err).__name__} ({first}), where finite "
-                "differences of forward give a derivative; check the function's jvp rule",
+                f"forward mode (jax.jvp) {along} raised {type(err).__name__} ({first}), where finite differences of "
+                "forward give a derivative; check the function's jvp rule",
             ) from err
-        numerical = float(_central(reference, x0, k, direction, eps))
-        if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
-            numerical
-        ):
-            analytical = _along_basis(lambda d, k=k: _directional(scalar, x0, k, d), x0[k])
-            _locate(reference, x0, k, analytical, label, eps, atol, rtol, " in forward mode (jvp)", who)
-    if len(x0) > 1:  # every tangent at once: a rule right with one nonzero tangent may not be with several
-        directions = [_random_like(rng, leaf) for leaf in x0]
-        try:
-            expected = float(jax.jvp(scalar, (x0,), (directions,))[1])
-        except GradcheckError:
-            raise
-        except Exception as err:  # noqa: BLE001 - each tangent alone ran: an exception now is the rule's failure
-            first = (str(err).splitlines() or [""])[0]
-            raise error(
-                GradcheckError,
-                who,
-                f"forward mode (jax.jvp) with every input's tangent set at once ({_listed(labels)}) raised "
-                f"{type(err).__name__} ({first}), where finite differences of forward give a derivative; check the "
-                "function's jvp rule",
-            ) from err
-        shifted = lambda step: [x + step * d for x, d in zip(x0, directions)]  # noqa: E731
-        numerical = float((reference(shifted(eps)) - reference(shifted(-eps))) / (2 * eps))
-        if not (np.isfinite(expected) and np.isfinite(numerical)) or abs(expected - numerical) > atol + rtol * abs(
-            numerical
-        ):
-            raise error(
-                GradcheckError,
-                who,
-                f"forward mode (jvp) with every input's tangent set at once ({_listed(labels)}, random directions) "
-                f"disagrees with finite differences of forward along the same direction: jvp {expected:.6g}, "
-                f"numerical {numerical:.6g} (|difference| {abs(expected - numerical):.3g} > atol {atol:g} + rtol "
-                f"{rtol:g} * |numerical|), though each tangent alone agrees; a jvp rule must be linear in the "
-                "tangents (no product of two tangents)",
-            )
+        shifted = lambda step, w=which, x=sub, d=directions: _replaced(  # noqa: E731
+            x0, w, [v + step * t for v, t in zip(x, d)]
+        )
+        above, below = plain(shifted(eps)), plain(shifted(-eps))
+        numerical = [np.asarray((a - b) / (2 * eps)) for a, b in zip(above, below)]
+        analytical = [np.asarray(t) for t in tangents]
+        excess = [_excess(a, n, atol, rtol) for a, n in zip(analytical, numerical)]
+        if not any(np.any(e > 0) for e in excess):
+            continue
+        if len(which) == 1:  # a leaf alone: the input element, where a combination of the outputs shows it
+            (k,) = which
+            scalar, reference = (lambda diff, f=f: _vdot(cotangent, f(diff)) for f in (call, plain))
+            gradient = _along_basis(lambda d, k=k, f=scalar: _directional(f, x0, k, d), x0[k])
+            _locate(reference, x0, k, gradient, labels[k], eps, atol, rtol, " in forward mode (jvp)", who, quiet=True)
+        output = int(np.argmax([np.max(e, initial=-np.inf) for e in excess]))
+        e = excess[output]
+        worst = np.unravel_index(int(np.argmax(e)), np.shape(e)) if np.ndim(e) else ()
+        a, n = analytical[output][worst], numerical[output][worst]
+        count, total = sum(int(np.sum(e > 0)) for e in excess), sum(int(np.size(e)) for e in excess)
+        hint = (
+            "; a jvp rule must be linear in the tangents (no product of two tangents)"
+            if len(which) > 1 and len(which) == len(x0)
+            else ""
+        )
+        raise error(
+            GradcheckError,
+            who,
+            f"forward mode (jvp) {along} disagrees with finite differences of forward along the same "
+            f"direction, element by element; worst at output {output}, index {tuple(int(i) for i in worst)}: jvp "
+            f"{_shown(a)}, numerical {_shown(n)} (|difference| {abs(a - n):.3g} > atol {atol:g} + rtol {rtol:g} * "
+            f"|numerical|); {count} of {total} output elements disagree{hint}; check the function's jvp rule",
+        )
     return True
 
 
+def _perturbed(which: list[int], labels: list[str], count: int) -> str:
+    """How a forward-mode check's message says which inputs had a tangent."""
+    if len(which) == count > 1:
+        return f"with every input's tangent set at once ({_listed(labels)}, random directions)"
+    named = _listed([labels[k] for k in which])
+    others = " (the other inputs not perturbed: no tangent, needs_input_grad False)" if count > 1 else ""
+    return f"for {named}{' alone' if others else ''}{others}" if len(which) == 1 else f"for {named}{others}"
+
+
+def _replaced(x0: list[Any], which: list[int], values: list[Any]) -> list[Any]:
+    """``x0`` with the leaves ``which`` set to ``values``."""
+    full = list(x0)
+    for k, value in zip(which, values):
+        full[k] = value
+    return full
+
+
+def _shown(value: Any) -> str:
+    """A number in a message: 6 significant digits (an integer or a boolean as it is)."""
+    value = np.asarray(value).item()
+    return f"{value:.6g}" if isinstance(value, (float, complex)) else repr(value)
+
+
 def _directional(scalar, x0, k, direction):
-    """The derivative of ``scalar`` at ``x0`` along ``direction`` in leaf ``k``, by ``jax.jvp``."""
-    tangents = [direction if i == k else jnp.zeros_like(leaf) for i, leaf in enumerate(x0)]
-    return jax.jvp(scalar, (x0,), (tangents,))[1]
+    """The derivative of ``scalar`` at ``x0`` along ``direction`` in leaf ``k`` alone, by
+    ``jax.jvp`` of ``scalar`` as a function of that leaf (the others are constants: not perturbed)."""
+    return jax.jvp(lambda leaf: scalar(_replaced(x0, [k], [leaf])), (x0[k],), (direction,))[1]
 
 
 def _along_basis(along, leaf) -> Any:
@@ -802,47 +867,97 @@ def _along_basis(along, leaf) -> Any:
     return values
 
 
-def _check_batched(call, x0, labels, out_shapes, atol, rtol, rng, who) -> str:
-    """The function under ``jax.vmap`` over three or more inputs (its vmap rule) against a Python loop of
-    forward (no custom rule), and the gradient under ``jax.vmap`` against backward one input at a
-    time, for each way a vmap rule is called: every array argument batched on axis 0; each alone
-    (the others unbatched, in_dims None); every one batched on its last axis. ``labels``: the
-    checked leaves', then the other arrays' (integer, boolean; batched with the same value). An
-    exception raised under ``jax.vmap`` is a failure. Returns what the report says ran."""
-    m, others = len(x0), [call.leaves[i] for i in call.others]
-    values = [*x0, *others]
+def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> str | None:
+    """The function under ``jax.vmap`` (its vmap rule) against a Python loop of forward (no custom
+    rule), the value of every array output (integer and non-differentiable ones too), and the
+    gradient under ``jax.vmap`` against backward one example at a time, for each way a vmap rule is
+    called: every array argument batched on axis 0 (also in a batch of one); each argument alone
+    (all its leaves batched, the others unbatched: in_dims None); each leaf of a pytree argument
+    alone; every one batched on its last axis. The examples are O(1) apart (x0, then x0 plus offsets
+    of the scale of max(1, |x0|)); an integer or boolean array's examples are its own values
+    rearranged (rolled, then permuted), so a rule that mixes examples or uses one example's indices
+    for all fails. ``given``: the checked leaves as the call gave them: a Python number is passed as
+    it is, unbatched, as ``jax.vmap`` passes it in a call. ``names``: the labels and argument names of
+    the checked leaves, then of the other arrays. An exception raised under ``jax.vmap`` is a failure.
+    Returns what the report says ran (None: no array to batch)."""
+    labels, heads = names
+    m = len(x0)
+    static = [not _is_array(leaf) for leaf in given]
+    arrays = [k for k in range(m) if not static[k]]
+    a = len(arrays)
+    values = [*(x0[k] for k in arrays), *(call.leaves[i] for i in call.others)]
+    if not values:
+        return None
+    value_labels = [labels[k] for k in arrays] + list(labels[m:])
+    value_heads = [heads[k] for k in arrays] + list(heads[m:])
     # at least three examples, as many as no argument's dimension, so a rule that broadcasts an
     # unbatched argument against the batch axis can't give the right shape by chance
     count = next(b for b in itertools.count(3) if all(b not in np.shape(v) for v in values))
-    points = [values] + [[*(x + 1e-3 * _random_like(rng, x) for x in x0), *others] for _ in range(count - 1)]
+    points = [values] + [
+        [*(_apart(rng, x) for x in values[:a]), *(_rearranged(rng, v, j) for v in values[a:])] for j in range(1, count)
+    ]
     cotangent = _random_like(rng, out_shapes)
 
+    def checked(leaves: list[Any], held: list[Any] = given) -> list[Any]:  # the batched arrays, and `held`
+        batched = iter(leaves[:a])
+        return [held[k] if static[k] else next(batched) for k in range(m)]
+
     def outputs(leaves: list[Any]) -> Any:
-        return call.with_others(leaves[m:], leaves[:m])
+        return call.every(leaves[a:], checked(leaves))
 
     def forward(leaves: list[Any]) -> Any:
         with plain_forward():
             return outputs(leaves)
 
     def gradient(leaves: list[Any]) -> Any:
-        return jax.grad(lambda diff: _vdot(cotangent, call.with_others(leaves[m:], diff)))(leaves[:m])
+        # a Python number is held constant here, as the array the other checks differentiate (not
+        # differentiated: a backward that gives it a gradient, as gradcheck's first check asks, is not refused)
+        loss = lambda diff: _vdot(cotangent, call.with_others(leaves[a:], checked([*diff, *leaves[a:]], x0)))  # noqa: E731
+        return jax.grad(loss)(list(leaves[:a]))
 
-    patterns: list[tuple[list[int | None], str]] = [([0] * len(values), "every argument batched on axis 0")]
-    if len(values) > 1:
+    n = len(values)
+    axis0 = "every argument batched on axis 0"
+    patterns: list[tuple[list[int | None], int, str]] = [
+        ([0] * n, count, axis0),
+        ([0] * n, 1, f"{axis0}, a batch of 1"),
+    ]
+    described = [f"{axis0} (in a batch of 1 too)"]
+    groups = list(dict.fromkeys(value_heads))
+    if len(groups) > 1:
         patterns += [
-            ([0 if i == k else None for i in range(len(values))], f"only {label} batched (in_dims None for the others)")
-            for k, label in enumerate(labels)
+            (
+                [0 if h == head else None for h in value_heads],
+                count,
+                f"only '{head}' batched (in_dims None for the others)",
+            )
+            for head in groups
         ]
+        described.append("each argument alone (the others unbatched)")
+    several = [head for head in groups if value_heads.count(head) > 1]
+    if several:
+        patterns += [
+            (
+                [0 if j == i else None for j in range(n)],
+                count,
+                f"only '{value_labels[i]}' batched (in_dims None for the others)",
+            )
+            for i in range(n)
+            if value_heads[i] in several
+        ]
+        described.append("each leaf of a pytree argument alone")
     last = [int(np.ndim(v)) for v in values]
     if any(last):
-        patterns.append((list(last), "every argument batched on its last axis"))
+        patterns.append((list(last), count, "every argument batched on its last axis"))
+        described.append("on the last axis")
     expected: dict[tuple, Any] = {}
-    for axes, where in patterns:
-        mask = tuple(a is not None for a in axes)
+    for axes, size, where in patterns:
+        mask = tuple(axis is not None for axis in axes)
         stacked = [
-            v if a is None else jnp.stack([p[i] for p in points], axis=a) for i, (v, a) in enumerate(zip(values, axes))
+            v if axis is None else jnp.stack([p[i] for p in points[:size]], axis=axis)
+            for i, (v, axis) in enumerate(zip(values, axes))
         ]
-        for what, g, reference in (("the output", outputs, forward), ("the gradient", gradient, gradient)):
+        checks = [("the output", outputs, forward), *([("the gradient", gradient, gradient)] if a else [])]
+        for what, g, reference in checks:
             try:
                 batched = jax.vmap(g, in_axes=(axes,))(stacked)
             except GradcheckError:
@@ -856,28 +971,56 @@ def _check_batched(call, x0, labels, out_shapes, atol, rtol, rng, who) -> str:
                     "forward computes it; check the function's vmap rule (or pass check_batched_grad=False to "
                     "check the rest)",
                 ) from err
-            if (what, mask) not in expected:
-                expected[what, mask] = [
-                    reference([p[i] if batched_i else values[i] for i, batched_i in enumerate(mask)]) for p in points
+            if (what, mask, size) not in expected:
+                expected[what, mask, size] = [
+                    reference([p[i] if batched_i else values[i] for i, batched_i in enumerate(mask)])
+                    for p in points[:size]
                 ]
-            one_by_one = expected[what, mask]
-            names = labels[:m] if what == "the gradient" else [f"output {i}" for i in range(len(one_by_one[0]))]
-            for k, name in enumerate(names):
-                _compare_batched(
-                    what, name, where, np.asarray(batched[k]), [np.asarray(o[k]) for o in one_by_one], atol, rtol, who
-                )
-    described = [where for _, where in patterns[:1]]
-    if len(values) > 1:
-        described.append("each argument alone (the others unbatched)")
-    if any(last):
-        described.append("on the last axis")
-    return _listed(described)
+            one_by_one = expected[what, mask, size]
+            if what == "the gradient":
+                items = [(f"'{value_labels[k]}'", k) for k in range(a)]
+            else:
+                items = [(f"output {k}", k) for k, leaf in enumerate(one_by_one[0]) if leaf is not None]
+            for name, k in items:
+                _compare_batched(what, name, where, batched[k], [o[k] for o in one_by_one], atol, rtol, who)
+    unbatched = [repr(labels[k]) for k in range(m) if static[k]]
+    return _listed(described) + (
+        f"; {_listed(unbatched)} never batched (a Python number: passed as given, as a call passes it, and held "
+        "constant in the gradient)"
+        if unbatched
+        else ""
+    )
 
 
-def _compare_batched(
-    what: str, name: str, where: str, batched: np.ndarray, one_by_one: list[np.ndarray], atol, rtol, who
-) -> None:
-    expected = np.stack(one_by_one)
+def _apart(rng: np.random.Generator, x: Any) -> Any:
+    """Another example for a batch: ``x`` plus random offsets of the scale of max(1, |x|), so the
+    examples are O(1) apart (a rule that mixes them can't pass within the tolerance)."""
+    scale = max(1.0, float(np.sqrt(np.mean(np.abs(np.asarray(x)) ** 2)))) if np.size(x) else 1.0
+    return x + scale * _random_like(rng, x)
+
+
+def _rearranged(rng: np.random.Generator, v: Any, j: int) -> Any:
+    """Another example for a batch of an integer or boolean array: its own values (so valid
+    indices stay valid), rolled by one for the second example, permuted for the others; any
+    other array as given."""
+    dtype = getattr(v, "dtype", None)
+    if dtype is None or not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)):
+        return v
+    flat = np.ravel(np.asarray(v))
+    moved = np.roll(flat, 1) if j == 1 else rng.permutation(flat)
+    return jnp.asarray(moved.reshape(np.shape(v)), dtype)
+
+
+def _compare_batched(what: str, name: str, where: str, batched: Any, one_by_one: list[Any], atol, rtol, who) -> None:
+    if batched is None or any(o is None for o in one_by_one):
+        raise error(
+            GradcheckError,
+            who,
+            f"{what} for {name} under jax.vmap is {'not ' if batched is None else ''}an array with {where}, but "
+            f"computed one example at a time it is {'' if batched is None else 'not '}one; check the function's "
+            "vmap rule",
+        )
+    batched, expected = np.asarray(batched), np.stack([np.asarray(o) for o in one_by_one])
     if batched.shape != expected.shape:
         raise error(
             GradcheckError,
@@ -885,29 +1028,38 @@ def _compare_batched(
             f"{what} for {name} under jax.vmap has shape {batched.shape} with {where}, but computed one example at a "
             f"time it has {expected.shape}; check the function's vmap rule",
         )
-    finite = np.isfinite(batched) & np.isfinite(expected)
-    excess = np.where(finite, np.abs(batched - expected) - (atol + rtol * np.abs(expected)), np.inf)
-    excess = np.where(np.isnan(batched) & np.isnan(expected), -1, excess)
+    if dtype_kind(expected.dtype) == DIFF or dtype_kind(batched.dtype) == DIFF:
+        finite = np.isfinite(batched) & np.isfinite(expected)
+        excess = np.where(finite, np.abs(batched - expected) - (atol + rtol * np.abs(expected)), np.inf)
+        excess = np.where(np.isnan(batched) & np.isnan(expected), -1, excess)
+        tolerance = f" > atol {atol:g} + rtol {rtol:g} * |value|"
+    else:  # an integer or boolean output: equal or not
+        excess = np.where(batched != expected, 1.0, -1.0)
+        tolerance = ", where they must be equal"
     if not np.any(excess > 0):
         return
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), excess.shape))
+    b, e = batched[worst], expected[worst]
+    difference = abs(np.asarray(b).astype(np.complex128) - np.asarray(e).astype(np.complex128))
     raise error(
         GradcheckError,
         who,
         f"{what} for {name} under jax.vmap disagrees with the same computed one example at a time, with {where}; "
-        f"worst at batch element {worst[0]}, index {worst[1:]}: batched {batched[worst]:.6g}, one at a time "
-        f"{expected[worst]:.6g} (|difference| {abs(batched[worst] - expected[worst]):.3g} > atol {atol:g} + rtol "
-        f"{rtol:g} * |value|); check the function's vmap rule, or its backward under vmap",
+        f"worst at batch element {worst[0]}, index {worst[1:]}: batched {_shown(b)}, one at a time {_shown(e)} "
+        f"(|difference| {difference:.3g}{tolerance}); {int(np.sum(excess > 0))} of {excess.size} elements disagree; "
+        "check the function's vmap rule, or its backward under vmap",
     )
 
 
-def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what, who) -> None:
-    """Finite differences for every element of leaf ``k``; raise naming the worst one."""
+def _locate(scalar, x0, k, analytical, label, eps, atol, rtol, what, who, quiet=False) -> None:
+    """Finite differences for every element of leaf ``k``; raise naming the worst one (``quiet``:
+    return where no element disagrees)."""
     size = int(np.size(x0[k]))
     numerical = _along_basis(lambda d: _central(scalar, x0, k, d, eps), x0[k])
     analytical, numerical = np.asarray(analytical), np.asarray(numerical)
-    finite = np.isfinite(analytical) & np.isfinite(numerical)
-    excess = np.where(finite, np.abs(analytical - numerical) - (atol + rtol * np.abs(numerical)), np.inf)
+    excess = _excess(analytical, numerical, atol, rtol)
+    if quiet and not np.any(excess > 0):
+        return
     worst = np.unravel_index(int(np.argmax(excess)), np.shape(excess)) if np.ndim(excess) else ()
     index = tuple(int(i) for i in worst)
     raise error(

@@ -454,9 +454,10 @@ def test_one_call_checks_every_rule_and_says_which():
     assert report and report.not_run == ["order 2: not asked for (order=2 checks the derivative of backward)"]
     assert report.ran == [
         "backward against finite differences of forward",
-        "the jvp rule against finite differences of forward",
-        "the vmap rule against a loop of forward, and backward under jax.vmap: every argument batched on axis 0 "
-        "and on the last axis",
+        "the jvp rule against finite differences of forward, element by element",
+        "the vmap rule against a loop of forward (the value of every array output, integer and non-differentiable "
+        "ones included), and backward under jax.vmap: every argument batched on axis 0 (in a batch of 1 too) and "
+        "on the last axis",
     ]
     assert str(report).startswith("jaxfn.gradcheck 'Sin': passes (3 checks)")
 
@@ -570,8 +571,10 @@ def test_every_rule_of_a_right_function_passes_and_each_new_check_is_listed():
     assert report.ran == [
         "backward against finite differences of forward, with 3 sets of inputs differentiated (the others held "
         "constant): every non-empty set of the 2 arguments",
-        "the jvp rule against finite differences of forward, each input's tangent alone and all at once",
-        "the vmap rule against a loop of forward, and backward under jax.vmap: every argument batched on axis 0, "
+        "the jvp rule against finite differences of forward, element by element, with 3 sets of inputs perturbed "
+        "(the others not: no tangent, needs_input_grad False): every non-empty set of the 2 arguments",
+        "the vmap rule against a loop of forward (the value of every array output, integer and non-differentiable "
+        "ones included), and backward under jax.vmap: every argument batched on axis 0 (in a batch of 1 too), "
         "each argument alone (the others unbatched) and on the last axis",
     ]
 
@@ -773,3 +776,352 @@ def test_the_reports_printed_on_the_gradcheck_page_are_what_gradcheck_prints():
             assert printed.getvalue().split() == following[1].split(), printed.getvalue()
             compared += 1
     assert compared == 3
+
+
+def _with_vmap(forward, backward, vmap, name):
+    return jaxfn.autograd_function(forward, backward, vmap=vmap, name=name)
+
+
+def _moved(x, d, size=None):
+    """``x`` with its batch axis ``d`` first (broadcast to ``size`` examples where unbatched)."""
+    return jnp.broadcast_to(x, (size, *jnp.shape(x))) if d is None else jnp.moveaxis(x, d, 0)
+
+
+def test_a_vmap_rule_that_mixes_the_examples_is_caught():
+    """The batch's examples are O(1) apart (they were x + 1e-3 * noise, within the tolerance): a rule
+    that centres over the batch axis too, or gives every example the first one's value, fails."""
+
+    def center_forward(ctx, x):
+        return x - jnp.mean(x)
+
+    def center_backward(ctx, g):
+        return g - jnp.mean(g)
+
+    over_the_batch = _with_vmap(
+        center_forward, center_backward, lambda info, d, x: (_moved(x, d[0]) - jnp.mean(x), 0), "center"
+    )
+    right = _with_vmap(
+        center_forward,
+        center_backward,
+        lambda info, d, x: (_moved(x, d[0]) - jnp.mean(_moved(x, d[0]), axis=-1, keepdims=True), 0),
+        "center",
+    )
+    first_only = _with_vmap(
+        lambda ctx, x: 10.0 * x,
+        lambda ctx, g: 10.0 * g,
+        lambda info, d, x: (jnp.broadcast_to(10.0 * _moved(x, d[0])[0], _moved(x, d[0]).shape), 0),
+        "scale",
+    )
+    for x in (jnp.array([1.0, 5.0, -3.0, 2.0]), jnp.array([10.0, 50.0, -30.0, 20.0]), jnp.array([1e-4, 2e-4, 3e-4])):
+        with pytest.raises(jaxfn.GradcheckError, match=r"'center': the output for output 0 under jax.vmap disagrees"):
+            jaxfn.gradcheck(over_the_batch, x)
+        with pytest.raises(jaxfn.GradcheckError, match=r"'scale': the output for output 0 under jax.vmap disagrees"):
+            jaxfn.gradcheck(first_only, x)
+        assert jaxfn.gradcheck(right, x)
+
+
+def _take(vmap):
+    def forward(ctx, x, idx):
+        ctx.save_for_backward(idx)
+        ctx.n = x.shape[-1]
+        return x[idx]
+
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        return jnp.zeros(ctx.n, g.dtype).at[idx].add(g), None
+
+    return _with_vmap(forward, backward, vmap, "take")
+
+
+def test_a_vmap_rule_using_one_examples_indices_for_all_is_caught():
+    """An integer argument is batched with its own values rearranged (it was stacked unchanged),
+    so a rule that takes example 0's indices for every example fails; a right one passes."""
+
+    def first_indices(info, in_dims, x, idx):
+        x, i = _moved(x, in_dims[0], info.batch_size), idx if in_dims[1] is None else _moved(idx, in_dims[1])[0]
+        return x[:, i], 0
+
+    def right(info, in_dims, x, idx):
+        x = _moved(x, in_dims[0], info.batch_size)
+        i = _moved(idx, in_dims[1], info.batch_size)
+        return jnp.take_along_axis(x, i, axis=1), 0
+
+    x, idx = jnp.array([1.0, 2.0, 3.0, 4.0]), jnp.array([0, 2])
+    with pytest.raises(jaxfn.GradcheckError, match=r"'take': the output for output 0 under jax.vmap disagrees"):
+        jaxfn.gradcheck(_take(first_indices), x, idx)
+    report = jaxfn.gradcheck(_take(right), x, idx)
+    assert report and "each argument alone (the others unbatched)" in report.ran[-1]
+    mask = jnp.array([True, False, False, True])  # a boolean argument too
+    masked = _with_vmap(
+        lambda ctx, x, m: (ctx.save_for_backward(m), jnp.where(m, x, 0.0))[1],
+        lambda ctx, g: (jnp.where(ctx.saved_tensors[0], g, 0.0), None),
+        lambda info, d, x, m: (
+            jnp.where(_moved(m, d[1], info.batch_size)[0], _moved(x, d[0], info.batch_size), 0.0),
+            0,
+        ),
+        "masked",
+    )
+    with pytest.raises(jaxfn.GradcheckError, match=r"'masked': the output for output 0 under jax.vmap disagrees"):
+        jaxfn.gradcheck(masked, x, mask)
+
+
+def test_integer_and_non_differentiable_outputs_are_compared_under_vmap():
+    """Every array output's value is compared under the vmap rule (the filter for gradients left
+    integer and non-differentiable outputs out of it); the report says so."""
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        fraction = jnp.mean(x > 0).astype(x.dtype)
+        ctx.mark_non_differentiable(fraction)
+        return jnp.maximum(x, 0.0), jnp.sum(x > 0), fraction
+
+    def backward(ctx, g, gc, gf):
+        return g * (ctx.saved_tensors[0] > 0)
+
+    def rule(count_over_batch, fraction_scale):
+        def vmap(info, in_dims, x):
+            x = _moved(x, in_dims[0])
+            count = jnp.sum(x > 0) if count_over_batch else jnp.sum(x > 0, axis=1)
+            fraction = fraction_scale * jnp.mean(x > 0, axis=1).astype(x.dtype)
+            return (jnp.maximum(x, 0.0), count, fraction), (0, None if count_over_batch else 0, 0)
+
+        return _with_vmap(forward, backward, vmap, "relu_count")
+
+    x = jnp.array([1.0, -5.0, 2.0])
+    with pytest.raises(
+        jaxfn.GradcheckError, match=r"the output for output 1 under jax.vmap disagrees.*where they must be equal"
+    ):
+        jaxfn.gradcheck(rule(True, 1.0), x)
+    with pytest.raises(jaxfn.GradcheckError, match=r"the output for output 2 under jax.vmap disagrees"):
+        jaxfn.gradcheck(rule(False, 2.0), x)
+    report = jaxfn.gradcheck(rule(False, 1.0), x)
+    assert report and "(the value of every array output, integer and non-differentiable ones included)" in str(report)
+
+
+def _mul(jvp, track_needs=False):
+    def forward(ctx, x, y):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, y)
+        ctx.save_for_forward(x, y)
+        ctx.y_needed = ctx.needs_input_grad[1]
+        return x * y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * y, g * x
+
+    return jaxfn.autograd_function(forward, backward, jvp=jvp, name="mul")
+
+
+def test_a_jvp_rule_wrong_when_an_input_is_not_perturbed_is_caught():
+    """Each argument's tangent alone is checked with the others not perturbed (jax.jvp of a function
+    of that argument alone): a tangent None under set_materialize_grads(False), needs_input_grad
+    False. Zero tangents for the others (as before) never reached those branches."""
+
+    def wrong_when_none(ctx, tx, ty):
+        x, y = ctx.saved_tensors
+        if ty is None:
+            return 2 * tx * y
+        return ty * x if tx is None else tx * y + ty * x
+
+    def wrong_when_not_needed(ctx, tx, ty):
+        x, y = ctx.saved_tensors
+        return 3 * tx * y if not ctx.y_needed else tx * y + ty * x
+
+    def right(ctx, tx, ty):
+        x, y = ctx.saved_tensors
+        return (0 if tx is None else tx * y) + (0 if ty is None else ty * x)
+
+    x, y = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5, -1.0, 2.0])
+    for jvp in (wrong_when_none, wrong_when_not_needed):
+        with pytest.raises(jaxfn.GradcheckError, match=r"'mul': the gradient in forward mode \(jvp\) for 'x'"):
+            jaxfn.gradcheck(_mul(jvp), x, y)
+    assert jaxfn.gradcheck(_mul(right), x, y)
+
+
+def test_a_jvp_rule_wrong_at_one_element_of_many_is_caught():
+    """The jvp's output is compared element by element with finite differences along the same
+    direction (it was one random combination, with a tolerance scaled by the whole sum)."""
+
+    def sine(jvp_factor):
+        class S(jaxfn.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                ctx.save_for_forward(x)
+                return jnp.sin(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * jnp.cos(ctx.saved_tensors[0])
+
+            @staticmethod
+            def jvp(ctx, t):
+                return (t * jnp.cos(ctx.saved_tensors[0])).at[0].multiply(jvp_factor)
+
+        return S
+
+    x = jnp.linspace(-1.0, 1.0, 1000)
+    with pytest.raises(jaxfn.GradcheckError, match=r"'S': the gradient in forward mode \(jvp\) for 'x'.*index \(0,\)"):
+        jaxfn.gradcheck(sine(1.02), x)
+    assert jaxfn.gradcheck(sine(1.0), x)
+
+    def two_outputs(ctx, tx, ty):  # right alone; at once, its second output is off at one element
+        x, y = ctx.saved_tensors
+        both = tx is not None and ty is not None
+        out = (0 if tx is None else tx * y) + (0 if ty is None else ty * x)
+        return out, (out * 2).at[3].multiply(1.05 if both else 1.0)
+
+    def forward(ctx, x, y):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, y)
+        ctx.save_for_forward(x, y)
+        return x * y, 2 * x * y
+
+    def backward(ctx, g, h):
+        x, y = ctx.saved_tensors
+        total = (0 if g is None else g) + (0 if h is None else 2 * h)
+        return total * y, total * x
+
+    f = jaxfn.autograd_function(forward, backward, jvp=two_outputs, name="pair")
+    big = jnp.linspace(1.0, 2.0, 400)
+    with pytest.raises(
+        jaxfn.GradcheckError,
+        match=r"forward mode \(jvp\) with every input's tangent set at once .* worst at output 1, index \(3,\)",
+    ):
+        jaxfn.gradcheck(f, big, big[::-1])
+
+
+def test_a_pytree_argument_is_batched_as_a_whole_with_the_others_unbatched():
+    """Each argument alone batches all the leaves of a pytree argument (an ensemble of parameters
+    over one input); each leaf alone, as before, too; the report says both."""
+
+    def forward(ctx, x, p):
+        ctx.save_for_backward(x, p["w"])
+        return x * p["w"] + p["b"]
+
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, {"w": g * x, "b": g}
+
+    def rule(wrong):
+        def vmap(info, in_dims, x, p):
+            dx, dp = in_dims
+            size = info.batch_size
+            x, w, b = _moved(x, dx, size), _moved(p["w"], dp["w"], size), _moved(p["b"], dp["b"], size)
+            ensemble = dx is None and dp["w"] is not None and dp["b"] is not None
+            return x * w + (b[:, ::-1] if wrong and ensemble else b), 0
+
+        return _with_vmap(forward, backward, vmap, "affine")
+
+    x = jnp.array([1.0, 2.0, 3.0, 4.0])
+    p = {"w": jnp.array([0.5, -1.0, 2.0, 1.0]), "b": jnp.array([0.1, 0.2, 0.3, 0.4])}
+    with pytest.raises(
+        jaxfn.GradcheckError, match=r"under jax.vmap disagrees .*, with only 'p' batched \(in_dims None for the"
+    ):
+        jaxfn.gradcheck(rule(True), x, p)
+    report = jaxfn.gradcheck(rule(False), x, p)
+    assert report.ran[-1].endswith(
+        "every argument batched on axis 0 (in a batch of 1 too), each argument alone (the others unbatched), each "
+        "leaf of a pytree argument alone and on the last axis"
+    )
+
+
+def test_a_vmap_rule_wrong_for_a_batch_of_one_is_caught():
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x / jnp.linalg.norm(x)
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        n = jnp.linalg.norm(x)
+        y = x / n
+        return (g - y * jnp.sum(g * y)) / n
+
+    def rule(squeeze):
+        def vmap(info, in_dims, x):
+            x = _moved(x, in_dims[0])
+            x = x.squeeze() if squeeze else x[..., 0]  # squeeze drops the batch axis of a batch of one
+            return (x / jnp.linalg.norm(x, axis=-1, keepdims=True))[..., None], 0
+
+        return _with_vmap(forward, backward, vmap, "unit")
+
+    x = jnp.array([[1.0], [2.0], [2.0]])
+    with pytest.raises(jaxfn.GradcheckError, match=r"'unit': the output under jax.vmap raised .* a batch of 1"):
+        jaxfn.gradcheck(rule(True), x)
+    assert jaxfn.gradcheck(rule(False), x)
+
+
+def test_a_python_number_is_passed_to_the_vmap_rule_as_given_never_batched():
+    """A Python float is a static value under jax.vmap in a real call: the vmap rule gets it as it
+    is (it was batched as an array, so a rule treating it as a number failed), and the report says so."""
+    seen = []
+
+    def forward(ctx, x, p):
+        ctx.save_for_backward(x)
+        ctx.p = p
+        return x * p
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * ctx.p, jnp.sum(g * x)
+
+    def vmap(info, in_dims, x, p):
+        seen.append((type(p), in_dims[1]))
+        return _moved(x, in_dims[0]) * p, 0
+
+    f = _with_vmap(forward, backward, vmap, "scale")
+    x = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    report = jaxfn.gradcheck(f, x, 2.5)
+    assert report, report
+    assert "'p' never batched (a Python number: passed as given" in report.ran[-1]
+    assert (float, None) in seen and all(d is None for _, d in seen)
+    only_numbers = jaxfn.gradcheck(f, 2.0, 2.5, check_batched_grad=True)
+    assert only_numbers and any("no argument is an array to batch" in line for line in only_numbers.not_run)
+
+
+def test_a_right_function_with_every_kind_of_argument_and_output_passes():
+    """Integer and pytree arguments, a Python number, an integer output and every rule, all right."""
+
+    def forward(ctx, x, p, idx, scale):
+        ctx.save_for_backward(x, p["w"], idx)
+        ctx.save_for_forward(x, p["w"], idx)
+        ctx.scale = scale
+        return (x * p["w"])[idx] * scale + p["b"], jnp.sum(idx)
+
+    def backward(ctx, g, gc):
+        x, w, idx = ctx.saved_tensors
+        spread = jnp.zeros_like(x).at[idx].add(g * ctx.scale)
+        return spread * w, {"w": spread * x, "b": jnp.sum(g)}, None, jnp.sum(g * (x * w)[idx])
+
+    def jvp(ctx, tx, tp, tidx, tscale):
+        x, w, idx = ctx.saved_tensors
+        out = jnp.zeros(idx.shape)
+        if tx is not None:
+            out = out + (tx * w)[idx] * ctx.scale
+        if tp is not None:
+            out = out + (tp["w"] * x)[idx] * ctx.scale + tp["b"]
+        if tscale is not None:
+            out = out + (x * w)[idx] * tscale
+        return out, None
+
+    def vmap(info, in_dims, x, p, idx, scale):
+        size = info.batch_size
+        x, w, b = (
+            _moved(x, in_dims[0], size),
+            _moved(p["w"], in_dims[1]["w"], size),
+            _moved(p["b"], in_dims[1]["b"], size),
+        )
+        i = _moved(idx, in_dims[2], size)
+        out = jnp.take_along_axis(x * w, i, axis=1) * scale + b[:, None]
+        return (out, jnp.sum(i, axis=1)), (0, 0)
+
+    f = jaxfn.autograd_function(forward, backward, jvp=jvp, vmap=vmap, name="gather")
+    report = jaxfn.gradcheck(
+        f,
+        jnp.array([1.0, -2.0, 3.0, 0.5]),
+        {"w": jnp.array([0.5, 1.5, -1.0, 2.0]), "b": jnp.array(0.3)},
+        jnp.array([3, 0, 2]),
+        1.5,
+    )
+    assert report, report
