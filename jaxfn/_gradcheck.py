@@ -52,10 +52,14 @@ class GradcheckReport:
 
     def __str__(self) -> str:
         checks = f"{len(self.ran)} check{'' if len(self.ran) == 1 else 's'}"
-        head = f"jaxfn.gradcheck '{self.name}': " + (f"passes ({checks})" if self else f"fails ({checks} ran)")
+        if self:
+            head = f"jaxfn.gradcheck '{self.name}': passes ({checks})"
+        else:  # it stops at the first failure: the one that failed ran too, later ones did not
+            head = f"jaxfn.gradcheck '{self.name}': fails ({checks} passed, then one failed)"
         lines = [head, *(f"ran: {check}" for check in self.ran), *(f"not run: {why}" for why in self.not_run)]
         if self.failure is not None:
             lines.append(f"failed: {self.failure}")
+            lines.append("not run: the checks after the one that failed (gradcheck stops at the first failure)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
