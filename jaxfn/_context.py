@@ -381,9 +381,7 @@ class Context:
           *outputs: output arrays, the very objects forward returns.
         """
         self._forward_only("mark_non_differentiable")
-        marked = self._state.non_differentiable
-        if not isinstance(marked, Marked):  # a state copied with a plain list
-            marked = self._state.non_differentiable = Marked(marked)
+        marked = self._state.non_differentiable  # a forward's state holds a Marked (copies are past forward)
         for position, value in enumerate(outputs):
             marked.append(value)
             marked.named.setdefault(id(value), _marked_name(position, value, self._state.parameters))

@@ -167,8 +167,7 @@ class _Cotangents:
         if self.treedef is None:
             _, structure = _split.split(out, lambda leaf: True)
             sequence = isinstance(out, (tuple, list))  # one grad_output per element
-            given = self.grad_outputs if sequence else self.grad_outputs[0]
-            leaves = _outputs.per_leaf(self.name, structure, sequence, given, "backward", "grad_output")
+            leaves = _outputs.grad_output_leaves(self.name, structure, sequence, self.grad_outputs)
             self.treedef, self.leaves = treedef, [None if g is None else np.asarray(g, np.float64) for g in leaves]
         elif treedef != self.treedef:
             raise error(AutogradFunctionTypeError, self.name, _CHANGED)

@@ -151,9 +151,8 @@ def _linear_transpose(name: str, pullback: Callable[..., Any], examples: list[An
         return jax.linear_transpose(pullback, *examples)
     except Exception as err:  # noqa: BLE001 - any failure to transpose is reported in jaxfn's words
         cause = err.__cause__ if isinstance(err, AutogradFunctionError) else err  # backward's own, named
-        hosts = _rule.hosts_in_plain_forward()
-        if hosts and not isinstance(err, AutogradFunctionError):  # JAX can't transpose a host call on grad_output
-            raise error(AutogradFunctionTypeError, hosts[0], _rule.HOST_IN_GATE) from err
+        if not isinstance(err, AutogradFunctionError):
+            _refuse_host_on_grad_output(err)
         if isinstance(err, AutogradFunctionError) and not isinstance(cause, _NEEDS_VALUES):
             raise  # a jaxfn function that backward calls said what is wrong, naming itself
         if isinstance(cause, _NEEDS_VALUES):
@@ -171,10 +170,16 @@ def _transposed(name: str, transpose: Callable[..., Any], tangents: list[Any]) -
     except AutogradFunctionError:
         raise
     except Exception as err:  # noqa: BLE001 - JAX transposes here: a non-linear operation fails now
-        hosts = _rule.hosts_in_plain_forward()
-        if hosts:  # JAX can't transpose a host call on grad_output
-            raise error(AutogradFunctionTypeError, hosts[0], _rule.HOST_IN_GATE) from err
+        _refuse_host_on_grad_output(err)
         raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=_failure(err))) from err
+
+
+def _refuse_host_on_grad_output(err: Exception) -> None:
+    """Where a host function ran while backward was transposed, JAX's failure is that it can't
+    transpose host code (on grad_output): refused naming the host function."""
+    hosts = _rule.hosts_in_plain_forward()
+    if hosts:
+        raise error(AutogradFunctionTypeError, hosts[0], _rule.HOST_IN_GATE) from err
 
 
 def _failure(err: Exception) -> str:

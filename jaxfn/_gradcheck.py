@@ -29,7 +29,7 @@ from ._errors import (
 from ._function import AutogradFunction, Function
 from ._jax_private import refused_forward_mode
 from ._keys import Unkeyable, static_key, structure_key
-from ._rule import FORWARD_MODE_HELP, plain_forward
+from ._rule import FORWARD_MODE_HELP, plain_forward, replaced
 
 
 @dataclasses.dataclass
@@ -782,7 +782,7 @@ def _check_forward(call, plain, x0, patterns, labels, out_shapes, eps, atol, rto
         directions = [_random_like(rng, x) for x in sub]
         along = _perturbed(which, labels, len(x0))
         try:
-            tangents = jax.jvp(lambda diff, w=which: call(_replaced(x0, w, diff)), (sub,), (directions,))[1]
+            tangents = jax.jvp(lambda diff, w=which: call(replaced(x0, w, diff)), (sub,), (directions,))[1]
         except GradcheckError:
             raise
         except Exception as err:  # noqa: BLE001 - a refusal (no rule) is said as such; any other is a failure
@@ -795,7 +795,7 @@ def _check_forward(call, plain, x0, patterns, labels, out_shapes, eps, atol, rto
                 f"forward mode (jax.jvp) {along} raised {type(err).__name__} ({first}), where finite differences of "
                 "forward give a derivative; check the function's jvp rule",
             ) from err
-        shifted = lambda step, w=which, x=sub, d=directions: _replaced(  # noqa: E731
+        shifted = lambda step, w=which, x=sub, d=directions: replaced(  # noqa: E731
             x0, w, [v + step * t for v, t in zip(x, d)]
         )
         above, below = plain(shifted(eps)), plain(shifted(-eps))
@@ -839,14 +839,6 @@ def _perturbed(which: list[int], labels: list[str], count: int) -> str:
     return f"for {named}{' alone' if others else ''}{others}" if len(which) == 1 else f"for {named}{others}"
 
 
-def _replaced(x0: list[Any], which: list[int], values: list[Any]) -> list[Any]:
-    """``x0`` with the leaves ``which`` set to ``values``."""
-    full = list(x0)
-    for k, value in zip(which, values):
-        full[k] = value
-    return full
-
-
 def _shown(value: Any) -> str:
     """A number in a message: 6 significant digits (an integer or a boolean as it is)."""
     value = np.asarray(value).item()
@@ -856,7 +848,7 @@ def _shown(value: Any) -> str:
 def _directional(scalar, x0, k, direction):
     """The derivative of ``scalar`` at ``x0`` along ``direction`` in leaf ``k`` alone, by
     ``jax.jvp`` of ``scalar`` as a function of that leaf (the others are constants: not perturbed)."""
-    return jax.jvp(lambda leaf: scalar(_replaced(x0, [k], [leaf])), (x0[k],), (direction,))[1]
+    return jax.jvp(lambda leaf: scalar(replaced(x0, [k], [leaf])), (x0[k],), (direction,))[1]
 
 
 def _along_basis(along, leaf) -> Any:

@@ -165,8 +165,7 @@ class HostFunction:
             call = ctx.jaxfn_host
             probe, args = call.probe, call.args
             info = probe.info
-            returned = grad_outputs if info.is_sequence else grad_outputs[0]
-            given = _outputs.per_leaf(name, info, info.is_sequence, returned, "backward", "grad_output")
+            given = _outputs.grad_output_leaves(name, info, info.is_sequence, grad_outputs)
             present = tuple(d and g is not None for d, g in zip(info.differentiable, given))
             wanted = [i for i, flag in enumerate(probe.flags) if flag]
             host = self._call(probe, args, "backward", present, call.avals)

@@ -170,6 +170,14 @@ def _flows(cotangent: Any) -> bool:
     return cotangent is not None and not isinstance(cotangent, SymbolicZero)
 
 
+def grad_output_leaves(name: str, info: Split, is_sequence: bool, grad_outputs: tuple[Any, ...]) -> list[Any]:
+    """backward's grad_outputs (one per element of a tuple/list output, else one) as one per
+    output leaf, None where none flows: the inverse of ``grad_outputs``, for backwards that hand
+    them on (host code, finite differences, a PyTorch Function)."""
+    given = grad_outputs if is_sequence else grad_outputs[0]
+    return per_leaf(name, info, is_sequence, given, "backward", "grad_output")
+
+
 def per_leaf(name: str, info: Split, is_sequence: bool, returned: Any, role: str, what: str) -> list[Any]:
     """``returned`` (one value per output, in forward's output structure ``info``: grad_outputs as
     backward gets them, a jvp's tangents, a vmap rule's outputs; None for a whole output) as one

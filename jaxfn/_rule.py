@@ -207,12 +207,17 @@ def of_chosen(function: Callable[..., Any], arrays: Any, which: list[int]) -> Ca
     """``function(*arrays)`` as a function of the arrays at positions ``which`` alone, the others fixed."""
 
     def on(*chosen: Any) -> Any:
-        merged = list(arrays)
-        for i, value in zip(which, chosen):
-            merged[i] = value
-        return function(*merged)
+        return function(*replaced(arrays, which, chosen))
 
     return on
+
+
+def replaced(arrays: Any, which: list[int], values: Any) -> list[Any]:
+    """``arrays`` as a list, with those at positions ``which`` set to ``values``."""
+    merged = list(arrays)
+    for i, value in zip(which, values):
+        merged[i] = value
+    return merged
 
 
 def zeros_like(array: Any) -> Any:

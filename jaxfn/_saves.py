@@ -28,6 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 from . import _jax_private
 from ._context import Remainder
 from ._errors import AutogradFunctionTypeError, error, type_name
+from ._split import split
 
 _COLLECTING = threading.local()
 # Every jaxfn save name seen, with its function, save and whether it last was an input passed
@@ -170,22 +171,15 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     return Report(report)
 
 
-def _is_none(value: Any) -> bool:
-    return value is None
-
-
 def _arrays_only(f: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], Any]:
     """``f`` as a function of the array leaves of a call's arguments only, with the call's other
-    values (Python numbers, strings, objects) passed as they are; and those arguments, each other
-    value replaced by ``None`` (an empty pytree: JAX sees no leaf there)."""
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_none)
-    is_array = [isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves]
-    masked = jax.tree_util.tree_unflatten(treedef, [v if a else None for v, a in zip(leaves, is_array)])
+    values (Python numbers, strings, objects) passed as they are (the one ``Split``); and those
+    arguments, each other value replaced by ``None`` (an empty pytree: JAX sees no leaf there)."""
+    arrays, parts = split((args, kwargs))
+    masked = parts.join(arrays, python_values=False)
 
     def differentiated(*given_args: Any, **given_kwargs: Any) -> Any:
-        given = jax.tree_util.tree_leaves((given_args, given_kwargs), is_leaf=_is_none)
-        full = [g if a else v for g, v, a in zip(given, leaves, is_array)]
-        call_args, call_kwargs = jax.tree_util.tree_unflatten(treedef, full)
+        call_args, call_kwargs = parts.join(jax.tree_util.tree_leaves((given_args, given_kwargs)))
         return f(*call_args, **call_kwargs)
 
     try:  # JAX names a residual that is an argument by f's parameters ("from the argument x")

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._function import AutogradFunction
-from ._outputs import per_leaf
+from ._outputs import grad_output_leaves
 from ._split import split
 
 _NEEDS_TORCH = (
@@ -217,10 +217,7 @@ class _Original:
     def backward(self, ctx: Any, *grad_outputs: Any) -> Any:
         torch = self.torch
         call: _Call = ctx.torch_call
-        given = (
-            grad_outputs if call.sequence else grad_outputs[0]
-        )  # read through the output's structure, as the rule does
-        flat = per_leaf(self.name, call.out, call.sequence, given, "backward", "grad_output")
+        flat = grad_output_leaves(self.name, call.out, call.sequence, grad_outputs)  # through the output's structure
         for index, (o, g) in enumerate(zip(call.outputs, flat)):  # a gradient PyTorch can't carry: refused
             if g is not None:
                 self.refuse_numpy_output(
