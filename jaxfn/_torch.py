@@ -164,38 +164,14 @@ class _Original:
         self.torch, self.function, self.name = torch, function, name
 
     def tensor(self, value: Any, requires_grad: bool = False) -> Any:
-        """A tensor of ``value`` (other values as they are). A differentiated one is a leaf on JAX's
-        buffer, without a copy (autograd refuses writes into a leaf; the Function gets a clone);
-        any other is a copy, since a Function may write its input in place (``mark_dirty``) and
-        JAX's buffers, even those NumPy calls writable, must not change."""
-        if not isinstance(value, np.ndarray):
-            return value
-        array = value if requires_grad else np.array(value)
-        bits = _BITS.get(array.dtype.name)
-        if bits is not None:  # bfloat16, float8: ml_dtypes' NumPy types, which NumPy's DLPack can't carry
-            tensor = self.torch.from_numpy(np.array(array).view(bits)).view(getattr(self.torch, array.dtype.name))
-        elif array.dtype != np.bool_ and array.size:
-            tensor = self.torch.from_dlpack(array)
-        else:
-            tensor = self.torch.from_numpy(np.array(array))
-        return tensor.requires_grad_() if requires_grad else tensor
+        return _tensor(self.torch, value, requires_grad)
 
     def given(self, tensor: Any) -> Any:
         """What the Function gets for an input: a differentiated leaf's clone (it may write it in place)."""
         return tensor.clone() if getattr(tensor, "requires_grad", False) else tensor
 
     def array(self, value: Any) -> Any:
-        if not isinstance(value, self.torch.Tensor):
-            return value
-        tensor = value.detach().resolve_conj().resolve_neg()
-        name = str(tensor.dtype).removeprefix("torch.")
-        if name in _BITS:  # back as ml_dtypes' NumPy type, by its bits
-            bits = {np.int16: self.torch.int16, np.int8: self.torch.int8}[_BITS[name]]
-            return tensor.cpu().contiguous().view(bits).numpy().view(jax.numpy.dtype(name))
-        try:
-            return np.from_dlpack(tensor)
-        except (BufferError, RuntimeError, TypeError):  # bool, or a layout DLPack can't carry
-            return tensor.numpy()
+        return _array(self.torch, value)
 
     def forward(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
         torch = self.torch
@@ -341,10 +317,43 @@ def tensor_of(torch: Any, value: Any, requires_grad: bool = False) -> Any:
     float8 by their bits); other values as they are. ``jaxfn.compare`` crosses its arrays here."""
     if isinstance(value, (jax.Array, np.ndarray)):
         value = np.array(value)  # a copy: the original may write its input in place
-    return _Original(torch, None, "").tensor(value, requires_grad)
+    return _tensor(torch, value, requires_grad)
 
 
 def array_of(torch: Any, value: Any) -> Any:
     """A tensor as a NumPy array, by ``from_torch``'s one conversion (bfloat16 and float8 by their
     bits); other values as they are."""
-    return _Original(torch, None, "").array(value)
+    return _array(torch, value)
+
+
+def _tensor(torch: Any, value: Any, requires_grad: bool) -> Any:
+    """A tensor of ``value`` (other values as they are). A differentiated one is a leaf on JAX's
+    buffer, without a copy (autograd refuses writes into a leaf; the Function gets a clone);
+    any other is a copy, since a Function may write its input in place (``mark_dirty``) and
+    JAX's buffers, even those NumPy calls writable, must not change."""
+    if not isinstance(value, np.ndarray):
+        return value
+    array = value if requires_grad else np.array(value)
+    bits = _BITS.get(array.dtype.name)
+    if bits is not None:  # bfloat16, float8: ml_dtypes' NumPy types, which NumPy's DLPack can't carry
+        tensor = torch.from_numpy(np.array(array).view(bits)).view(getattr(torch, array.dtype.name))
+    elif array.dtype != np.bool_ and array.size:
+        tensor = torch.from_dlpack(array)
+    else:
+        tensor = torch.from_numpy(np.array(array))
+    return tensor.requires_grad_() if requires_grad else tensor
+
+
+def _array(torch: Any, value: Any) -> Any:
+    """A tensor as NumPy's array (ml_dtypes' types by their bits); other values as they are."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    tensor = value.detach().resolve_conj().resolve_neg()
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name in _BITS:  # back as ml_dtypes' NumPy type, by its bits
+        bits = {np.int16: torch.int16, np.int8: torch.int8}[_BITS[name]]
+        return tensor.cpu().contiguous().view(bits).numpy().view(jax.numpy.dtype(name))
+    try:
+        return np.from_dlpack(tensor)
+    except (BufferError, RuntimeError, TypeError):  # bool, or a layout DLPack can't carry
+        return tensor.numpy()
