@@ -10,9 +10,8 @@ from typing import Any, Literal
 import jax
 
 from . import (
-    _anomaly,
     _arguments,
-    _context,
+    _closures,
     _eager,
     _finite_differences,
     _forward_mode,
@@ -22,10 +21,8 @@ from . import (
     _primitive,
     _reverse_mode,
     _rule,
-    _traced,
-    _tracers,
 )
-from ._errors import TRACER_ERRORS, AutogradFunctionTypeError, error, tracer_error_help
+from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error
 
 
 class AutogradFunction:
@@ -81,15 +78,6 @@ class AutogradFunction:
             jvp=jvp,
             vmap=vmap,
         )
-        forward, backward, setup_context, jvp = (
-            _user_function(self.name, role, function)
-            for role, function in (
-                ("forward", forward),
-                ("backward", backward),
-                ("setup_context", setup_context),
-                ("jvp", jvp),
-            )
-        )
         if isinstance(backward, str):  # "finite_differences": backward and jvp made from a host forward
             self._definition = _finite_differences.definition(
                 self.name, backward, host, forward, setup_context, jvp, vmap
@@ -98,8 +86,16 @@ class AutogradFunction:
             self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
         _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
-        self._primitive = vmap is not None  # built on a hijax primitive (_primitive)
         self._host = _host.HostFunction(self._definition, output) if host else None
+        # the plan, decided once: which builder, and whether forward mode is the function's own
+        self._forward_mode = self.forward_mode or self._definition.jvp is not None  # derived, or the user's jvp
+        if vmap is not None:  # a hijax primitive that carries the vmap rule
+            self._builder = functools.partial(_primitive.build, forward_mode=self.forward_mode)
+        else:
+            self._builder = _forward_mode.build if self._forward_mode else _reverse_mode.build
+        self._user = (self._given[0], self._given[1], jvp, vmap)  # what the user wrote, checked for held values
+        # what forward and backward close over may become parameters (SPEC 15) where they are plain functions
+        self._closed_over_parameters = not (host or setup_context or jvp or vmap)
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
         self.__doc__ = forward.__doc__
         self.__name__ = self.name
@@ -135,88 +131,37 @@ class AutogradFunction:
         return _eager.call(self._definition, arguments)
 
     def _traced(self, arguments: _arguments.Arguments) -> Any:
-        """The call under a JAX transformation, through this mode's builder."""
-        user = (self.forward, self.backward, self._options["jvp"], self._options["vmap"])
-        forward_mode = self.forward_mode or self._definition.jvp is not None
-        definition, arguments, user = self._with_closed_over(arguments, user)
-        return _traced.call(self._build, definition, arguments, user, forward_mode, self._host is not None)
-
-    def _with_closed_over(self, arguments: _arguments.Arguments, user: tuple[Any, ...]) -> tuple[Any, ...]:
-        """SPEC section 15: what forward or backward (plain functions) closes over that holds values
-        being differentiated becomes a parameter after forward's own, named as the code names it,
-        so ``ctx.needs_input_grad.<name>`` asks for it and backward returns its gradient by that
-        name. For this call, forward and backward are copies that read the call's values there
-        (``_tracers.with_cells``); forward keeps them on ctx for backward. A function with a jvp or
-        vmap rule, setup_context or host code keeps the refusal (``_traced``)."""
-        unchanged = (self._definition, arguments, user)
-        options = self._options
-        if self._host is not None or options["setup_context"] or options["jvp"] or options["vmap"]:
-            return unchanged
-        forward, backward = _undecorated(self.forward), _undecorated(self.backward)
-        if forward is None or backward is None:  # a decorator jaxfn can't see through: refused as before
-            return unchanged
-        wanted = _jax_private.is_differentiating_tracer  # a value only jit or vmap traces is read as before
-        closed = _tracers.cells_holding(forward, wanted)
-        for name, value in _tracers.cells_holding(backward, wanted).items():
-            if closed.setdefault(name, value) is not value:
-                return unchanged  # two different values under one name: refused as before
-        if not closed:
-            return unchanged
-        own = {id(a) for a in arguments.arrays}  # the call's own arguments, read through a closure: fine
-        clash = [
-            name
-            for name in closed
-            if name in arguments.names and any(id(t) not in own for t in _tracers.tracers_in(closed[name], wanted))
-        ]
-        if clash:  # the value can't be named as a parameter: said, not the generic refusal
-            raise error(
-                AutogradFunctionTypeError,
-                self.name,
-                f"forward or backward closes over '{clash[0]}', which holds a value being differentiated, and "
-                f"'{clash[0]}' is also a parameter of forward, so its gradient can't be named; rename the "
-                "closed-over variable, or pass the value as an argument",
-            )
-        if set(closed) & set(arguments.names):
-            return unchanged
-        values = {}
-        for name, value in closed.items():
-            if not _is_leaf(value) or isinstance(value, jax.Array):  # an array, or a pytree (an Equinox module)
-                values[name] = value
-            elif callable(value):  # a function holding the values: a callable pytree of them
-                values[name] = _tracers.Closure.holding(value, _tracers.tracers_in(value), self.name, name)
-            else:  # an object JAX can't see into: refused as before
-                return unchanged
-        names = tuple(values)
-
-        def forward_reading(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-            read = {name: kwargs.pop(name) for name in names}
-            setattr(ctx, _CLOSED_OVER, read)  # crosses to backward as saved values do
-            return _tracers.with_cells(forward, read)(ctx, *args, **kwargs)
-
-        def backward_reading(ctx: Any, *grad_outputs: Any) -> Any:
-            return _tracers.with_cells(backward, getattr(ctx, _CLOSED_OVER))(ctx, *grad_outputs)
-
-        functools.update_wrapper(forward_reading, forward)
-        marked: Any = self._given[1]  # the backward as given: once_differentiable's mark too
-        functools.update_wrapper(backward_reading, marked)
-        forward_reading.__signature__ = _with_keyword_only(inspect.signature(forward), names)  # type: ignore[attr-defined]
-        definition = _rule.Definition.of(
-            self.name,
-            _user_function(self.name, "forward", forward_reading),
-            _user_function(self.name, "backward", backward_reading),
-        )
-        hidden = dict.fromkeys(names)  # the user's functions, as _traced checks them, without these values
-        user = (_tracers.with_cells(forward, hidden), _tracers.with_cells(backward, hidden), *user[2:])
-        return definition, arguments.replacing({}, values), user
-
-    def _build(self, definition: _rule.Definition, args: _arguments.Arguments) -> Any:
-        """This mode's custom rule for one call structure: ``call(*arrays)``."""
+        """The call under a JAX transformation, through this function's builder; JAX's refusals
+        said in jaxfn's words (forward mode on a function without it is refused here, also where
+        JAX would refuse only when a ``jit`` around it compiles)."""
+        definition, arguments = _closures.of(self._definition, arguments, self._user, self._closed_over_parameters)
+        if not self._forward_mode and any(_jax_private.is_forward_mode_tracer(a) for a in arguments.arrays):
+            raise error(AutogradFunctionTypeError, self.name, _rule.FORWARD_MODE_HELP)
+        if _rule.in_plain_forward():  # forward mode's gate transposes through this call's forward
+            if self._host is None:
+                out, info = _rule.primal(definition, arguments, arguments.arrays)
+                return info.rebuild(out)
+            # host code runs as itself (on saved values only, it needs no transpose), noted for the message
+            _rule.note_host_in_plain_forward(self.name)
         if self._host is not None:  # the host code's callbacks, as a rule like any other
             definition = self._host.rule
-        if self._primitive:
-            return _primitive.build(definition, args, self.forward_mode)
-        forward_mode = self.forward_mode or definition.jvp is not None  # derived, or the user's jvp
-        return (_forward_mode.build if forward_mode else _reverse_mode.build)(definition, args)
+        rule = self._builder(definition, arguments.structure())  # keeps no reference to the arrays
+        arrays = _rule.vary_together(arguments, arguments.arrays)
+        try:
+            try:
+                return rule(*arrays)
+            except NotImplementedError as err:
+                if not _jax_private.refused_in_eager_shard_map(err):
+                    raise
+            # inside an un-jitted jax.shard_map: JAX takes the call under jit (Python outputs kept)
+            return _eager.keeping_python_values(jax.jit(lambda *a: _eager.box_python_values(rule(*a))))(*arrays)
+        except AutogradFunctionError:
+            raise
+        except Exception as err:  # noqa: BLE001 - JAX's own refusals, said in jaxfn's words
+            explanation = _explain(err)
+            if explanation is None:
+                raise
+            raise error(AutogradFunctionTypeError, self.name, explanation) from err
 
     def outputs(self, *args: Any, **kwargs: Any) -> _outputs.Outputs:
         """For a call, the description of forward's output (which leaves are arrays, which carry a
@@ -250,53 +195,15 @@ class AutogradFunction:
         return info.rebuild([next(flags) for _ in info.avals])
 
 
-_CLOSED_OVER = _context.CLOSED_OVER
-
-
-def _undecorated(function: Any) -> Any:
-    """The plain function under ``jaxfn.once_differentiable`` (whose mark the rule reads); the
-    function itself if undecorated; None under another decorator (whose code jaxfn can't copy)."""
-    if getattr(function, _rule.ONCE_DIFFERENTIABLE, False):
-        function = getattr(function, "__wrapped__", function)
-    return None if hasattr(function, "__wrapped__") else function
-
-
-def _is_leaf(value: Any) -> bool:
-    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
-
-
-def _with_keyword_only(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:
-    """``signature`` with keyword-only parameters ``names`` added (before a ``**kwargs``)."""
-    parameters = list(signature.parameters.values())
-    at = next((i for i, p in enumerate(parameters) if p.kind is p.VAR_KEYWORD), len(parameters))
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names]
-    return signature.replace(parameters=[*parameters[:at], *added, *parameters[at:]])
-
-
-def _user_function(name: str, role: str, function: Any) -> Any:
-    """The user's ``function`` (forward, backward...), as jaxfn calls it.
-
-    A tracer error (a Python ``if`` on an array's value, ``float(x)``, NumPy on a traced array)
-    raised inside it under a JAX trace, where JAX's own message names jaxfn's internals, becomes
-    jaxfn's error naming the function and ``role``, chained ``from`` JAX's error. Outside any
-    trace (an eager call) every exception passes through unchanged. With anomaly detection on, a
-    backward's grad_outputs are checked before it runs.
-    """
-    if not callable(function):
-        return function  # None, or refused by Definition.of with its own message
-
-    @functools.wraps(function)
-    def user_function(*args: Any, **kwargs: Any) -> Any:
-        if role == "backward" and _anomaly.enabled():  # a NaN arriving from downstream is not backward's
-            _anomaly.grad_outputs(name, args[1:])
-        try:
-            return function(*args, **kwargs)
-        except TRACER_ERRORS as err:
-            if _jax_private.outside_traces(()):  # an eager call: the user's exception, unchanged
-                raise
-            raise error(AutogradFunctionTypeError, name, tracer_error_help(role, err) or str(err)) from err
-
-    return user_function
+def _explain(err: Exception) -> str | None:
+    """jaxfn's words for a JAX refusal that a user of a jaxfn function can meet; None for others."""
+    if _jax_private.refused_forward_mode(err):
+        return _rule.FORWARD_MODE_HELP
+    if _jax_private.refused_closure(err):
+        return _closures.CLOSURE_HELP
+    if _jax_private.refused_fwd_output(err):
+        return _reverse_mode.OUTPUT_DIFFERS
+    return None
 
 
 def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, setup_context, host, jit) -> None:

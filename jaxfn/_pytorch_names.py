@@ -14,9 +14,14 @@ import ast
 import builtins
 import inspect
 import linecache
+import operator
 import os
 import re
+import traceback
+from collections import ChainMap
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import jax
@@ -35,169 +40,24 @@ from ._errors import (
     tracer_error_help,
 )
 
+
+def _read_methods(name: str) -> dict[str, tuple[str, str | None]]:
+    """The table in the file ``name`` beside this module: per line a PyTorch tensor method (or
+    attribute), its JAX spelling and its NumPy spelling (none where that field is empty), separated
+    by tabs; a line starting with # is a comment."""
+    methods = {}
+    for line in Path(__file__).with_name(name).read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            method, _, spellings = line.partition("\t")
+            jax_spelling, _, numpy_spelling = spellings.partition("\t")
+            methods[method] = (jax_spelling, numpy_spelling or None)
+    return methods
+
+
 # PyTorch's tensor method (or attribute) -> its JAX spelling, and its NumPy spelling where that is not
 # the JAX one with np. for jnp. (host code, host=True, gets NumPy arrays). An in-place method
-# (mul_, clamp_) is spelled from its out-of-place one. ``x`` is the array, ``y`` another.
-METHODS: dict[str, tuple[str, str | None]] = {
-    # values and devices
-    "data": ("x itself (JAX arrays carry no autograd history; jax.lax.stop_gradient(x) stops a gradient)", "x itself"),
-    "detach": ("jax.lax.stop_gradient(x), or x itself where nothing differentiates it", "x itself"),
-    "cpu": ("x itself (JAX places arrays; jax.device_get(x) outside a trace)", "x itself"),
-    "cuda": ("x itself (JAX places arrays; jax.device_put(x, device) outside a trace)", "x itself"),
-    "numpy": ("np.asarray(x) outside a trace; under one keep x (or make the function host=True)", "x itself"),
-    "clone": ("x itself (JAX arrays are immutable), or jnp.copy(x)", "x.copy()"),
-    "contiguous": ("x itself", "x itself (np.ascontiguousarray(x) where layout matters)"),
-    "requires_grad_": ("nothing: JAX differentiates what jax.grad is asked for", "nothing"),
-    "requires_grad": ("ctx.needs_input_grad (JAX arrays carry no such flag)", None),
-    "to": ("x.astype(dtype) for a dtype; x itself for a device", None),
-    "type": ("x.astype(dtype) (x.dtype reads it)", None),
-    "type_as": ("x.astype(y.dtype)", None),
-    "float": ("x.astype(jnp.float32)", None),
-    "double": ("x.astype(jnp.float64) (with jax_enable_x64)", "x.astype(np.float64)"),
-    "half": ("x.astype(jnp.float16)", None),
-    "bfloat16": ("x.astype(jnp.bfloat16)", "x.astype(ml_dtypes.bfloat16)"),
-    "long": ("x.astype(jnp.int64) (jnp.int32 without jax_enable_x64)", "x.astype(np.int64)"),
-    "int": ("x.astype(jnp.int32)", None),
-    "bool": ("x.astype(bool)", None),
-    "new_zeros": ("jnp.zeros(shape, x.dtype)", None),
-    "new_ones": ("jnp.ones(shape, x.dtype)", None),
-    "new_full": ("jnp.full(shape, value, x.dtype)", None),
-    "new_empty": ("jnp.zeros(shape, x.dtype)", "np.empty(shape, x.dtype)"),
-    "new_tensor": ("jnp.asarray(value, x.dtype)", None),
-    "element_size": ("x.dtype.itemsize", None),
-    "is_floating_point": ("jnp.issubdtype(x.dtype, jnp.floating)", None),
-    # shapes and axes
-    "dim": ("x.ndim", None),
-    "ndimension": ("x.ndim", None),
-    "numel": ("x.size", None),
-    "nelement": ("x.size", None),
-    "size": ("x.shape (x.shape[d] for x.size(d); x.size is PyTorch's x.numel())", None),
-    "t": ("x.T", None),
-    # the same name as a JAX and NumPy array method that means something else (met by the failing call)
-    "view": (
-        "x.reshape(shape) (x.reshape(-1) for x.view(-1); an array's x.view(dtype) reads its bytes as dtype)",
-        None,
-    ),
-    "transpose": ("jnp.swapaxes(x, d0, d1) (an array's x.transpose(axes) takes every axis, a permutation)", None),
-    "flatten": ("x.reshape(x.shape[0], -1) for x.flatten(1), x.reshape(*x.shape[:d], -1) for x.flatten(d)", None),
-    "permute": ("x.transpose(dims) (jnp.transpose(x, dims))", None),
-    "unsqueeze": ("jnp.expand_dims(x, d), or x[:, None]", None),
-    "view_as": ("x.reshape(y.shape)", None),
-    "reshape_as": ("x.reshape(y.shape)", None),
-    "expand": ("jnp.broadcast_to(x, shape)", None),
-    "expand_as": ("jnp.broadcast_to(x, y.shape)", None),
-    "movedim": ("jnp.moveaxis(x, source, destination)", None),
-    "narrow": ("x[start:start + length] along its axis (jax.lax.dynamic_slice_in_dim for a traced start)", None),
-    "chunk": ("jnp.array_split(x, chunks, axis=d)", None),
-    "split": ("jnp.split(x, indices, axis=d)", None),
-    "unbind": ("list(x) along axis 0 (jnp.moveaxis first for another axis)", None),
-    "flip": ("jnp.flip(x, axis=d)", None),
-    "roll": ("jnp.roll(x, shift, axis=d)", None),
-    "sum_to_size": (
-        "x.sum(axis=..., keepdims=True) over the broadcast axes; in backward, return the broadcast gradient as it "
-        "is: jaxfn sums it down to its input's shape",
-        None,
-    ),
-    # reductions and math
-    "norm": ("jnp.linalg.norm(x, axis=d)", None),
-    "pow": ("x ** p", None),
-    "exp": ("jnp.exp(x)", None),
-    "log": ("jnp.log(x)", None),
-    "log1p": ("jnp.log1p(x)", None),
-    "expm1": ("jnp.expm1(x)", None),
-    "sqrt": ("jnp.sqrt(x)", None),
-    "rsqrt": ("jax.lax.rsqrt(x)", "1 / np.sqrt(x)"),
-    "abs": ("jnp.abs(x)", None),
-    "sign": ("jnp.sign(x)", None),
-    "sgn": ("jnp.sign(x)", None),
-    "neg": ("-x", None),
-    "reciprocal": ("1 / x", None),
-    "square": ("jnp.square(x)", None),
-    "sin": ("jnp.sin(x)", None),
-    "cos": ("jnp.cos(x)", None),
-    "tanh": ("jnp.tanh(x)", None),
-    "sigmoid": ("jax.nn.sigmoid(x)", "scipy.special.expit(x)"),
-    "relu": ("jax.nn.relu(x)", "np.maximum(x, 0)"),
-    "softmax": ("jax.nn.softmax(x, axis=d)", "scipy.special.softmax(x, axis=d)"),
-    "log_softmax": ("jax.nn.log_softmax(x, axis=d)", "scipy.special.log_softmax(x, axis=d)"),
-    "logsumexp": ("jax.nn.logsumexp(x, axis=d)", "scipy.special.logsumexp(x, axis=d)"),
-    "erf": ("jax.scipy.special.erf(x)", "scipy.special.erf(x)"),
-    "floor": ("jnp.floor(x)", None),
-    "ceil": ("jnp.ceil(x)", None),
-    "trunc": ("jnp.trunc(x)", None),
-    "frac": ("x - jnp.trunc(x)", None),
-    "fmod": ("jnp.fmod(x, y)", None),
-    "remainder": ("x % y", None),
-    "isnan": ("jnp.isnan(x)", None),
-    "isinf": ("jnp.isinf(x)", None),
-    "isfinite": ("jnp.isfinite(x)", None),
-    "nan_to_num": ("jnp.nan_to_num(x)", None),
-    "add": ("x + y", None),
-    "sub": ("x - y", None),
-    "mul": ("x * y", None),
-    "div": ("x / y", None),
-    "true_divide": ("x / y", None),
-    "mm": ("x @ y", None),
-    "bmm": ("x @ y", None),
-    "matmul": ("x @ y", None),
-    "mv": ("x @ y", None),
-    "outer": ("jnp.outer(x, y)", None),
-    "ger": ("jnp.outer(x, y)", None),
-    "cross": ("jnp.cross(x, y, axis=d)", None),
-    "lerp": ("x + weight * (y - x)", None),
-    "addcmul": ("x + value * a * b", None),
-    "addcdiv": ("x + value * a / b", None),
-    "triu": ("jnp.triu(x, k)", None),
-    "tril": ("jnp.tril(x, k)", None),
-    "diag": ("jnp.diag(x)", None),
-    "topk": ("jax.lax.top_k(x, k) (the last axis)", "np.argsort(-x, axis=-1)[..., :k] for the indices"),
-    "unique": ("jnp.unique(x, size=n, fill_value=...) (a fixed size under jax.jit)", "np.unique(x)"),
-    "logical_not": ("jnp.logical_not(x)", None),
-    "logical_and": ("jnp.logical_and(x, y)", None),
-    "logical_or": ("jnp.logical_or(x, y)", None),
-    # comparisons, clamps and masks
-    "le": ("x <= y", None),
-    "lt": ("x < y", None),
-    "ge": ("x >= y", None),
-    "gt": ("x > y", None),
-    "eq": ("x == y", None),
-    "ne": ("x != y", None),
-    "equal": ("jnp.array_equal(x, y)", None),
-    "allclose": ("jnp.allclose(x, y)", None),
-    "clamp": ("jnp.clip(x, lo, hi) (jnp.maximum(x, lo) for clamp(min=lo))", None),
-    "clamp_min": ("jnp.maximum(x, lo)", None),
-    "clamp_max": ("jnp.minimum(x, hi)", None),
-    "where": ("jnp.where(condition, x, y)", None),
-    "masked_fill": ("jnp.where(mask, value, x)", None),
-    "masked_select": (
-        "x[mask] outside a trace; under jax.jit a fixed size n: (i,) = jnp.nonzero(mask, size=n, fill_value=0), "
-        "then x[i], its rows past mask.sum() padding",
-        "x[mask]",
-    ),
-    "masked_scatter": ("x.at[jnp.nonzero(mask, size=n)].set(source[:n])", "x[mask] = source[: mask.sum()]"),
-    "index_select": ("jnp.take(x, index, axis=d)", None),
-    "gather": ("jnp.take_along_axis(x, index, axis=d)", None),
-    "scatter": (
-        "x.at[index].set(source) (jnp.put_along_axis for PyTorch's dim)",
-        "np.put_along_axis(x, index, source, axis=d)",
-    ),
-    "scatter_add": ("x.at[index].add(source)", "np.add.at(x, index, source)"),
-    "index_add": ("x.at[index].add(source)", "np.add.at(x, index, source)"),
-    "index_fill": ("x.at[index].set(value)", "x[index] = value"),
-    "index_copy": ("x.at[index].set(source)", "x[index] = source"),
-    "index_put": ("x.at[indices].set(values)", "x[indices] = values"),
-    # writes (in-place methods are spelled from these)
-    "fill": ("jnp.full_like(x, value)", None),
-    "zero": ("jnp.zeros_like(x)", None),
-    "copy": ("y itself (x = y)", None),
-    "fill_diagonal": ("x.at[jnp.diag_indices(n)].set(value)", "np.fill_diagonal(x, value)"),
-    "resize": ("x.reshape(shape)", None),
-    # autograd, which jaxfn's backward replaces
-    "backward": ("jax.grad or jax.vjp, outside the function (backward is this function's own)", None),
-    "grad": ("jax.grad(f)(x) (JAX arrays carry no .grad)", None),
-    "register_hook": ("jax.vjp of the function, or a jaxfn function whose backward does it", None),
-    "retain_grad": ("nothing: jax.grad returns the gradients asked for", None),
-}
+# (mul_, clamp_) is spelled from its out-of-place one. The table is data: _pytorch_methods.tsv.
+METHODS: dict[str, tuple[str, str | None]] = _read_methods("_pytorch_methods.tsv")
 
 # PyTorch's keyword -> JAX's (and NumPy's) for the same argument.
 KEYWORDS = {"dim": "axis", "dims": "axis", "keepdim": "keepdims", "unbiased": "ddof"}
@@ -211,6 +71,7 @@ _LIBRARIES = ("jax", "jaxlib", "numpy")
 _LIBRARY_DIRS = tuple(os.path.dirname(module.__file__ or "") + os.sep for module in (jax, np))
 
 _ARRAYS = (jax.Array, np.ndarray, np.generic, memoryview)
+_NUMPY_ARRAY = "a NumPy array (host code gets NumPy arrays)"
 _AT = "x = x.at[i].set(v)"
 _UNEXPECTED_KEYWORD = re.compile(r"([\w.]+)\(\) got an unexpected keyword argument '(\w+)'")
 
@@ -246,11 +107,8 @@ def translate(
     """What jaxfn says of ``err``, raised in the user's ``role`` of ``function``: the error's kind,
     its sentence and the exception it is chained from; None where ``err`` is none of the habits
     this module knows (then it propagates as it is)."""
-    if isinstance(err, AutogradFunctionError):
-        cause = err.__cause__
-        if cause is None or not _already_said(function, role, err):
-            return None
-        return _compaction(role, cause) or _with_parameter(role, cause, parameters)
+    if isinstance(err, AutogradFunctionError):  # said already (a nested function's, a rule's)
+        return None
     if isinstance(err, TRACER_ERRORS):  # under a trace (an eager call's are the user's own, unchanged)
         if _jax_private.outside_traces(()):
             return None
@@ -272,23 +130,20 @@ def translate(
 def _raised_in_installed_code(err: BaseException) -> bool:
     """Whether the innermost frame of ``err``'s traceback outside JAX and NumPy is an installed
     package's (site-packages): a call the user's code did not make itself."""
+    user = _user_trace(err)
+    filename = user.tb_frame.f_code.co_filename if user else ""
+    return "site-packages" in filename or "dist-packages" in filename
+
+
+def _user_trace(err: BaseException) -> TracebackType | None:
+    """The innermost entry of ``err``'s traceback whose frame is outside JAX and NumPy (the user's
+    code, or a package it called); None where there is none."""
     trace, user = err.__traceback__, None
     while trace is not None:
         if not trace.tb_frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
             user = trace
         trace = trace.tb_next
-    if user is None:
-        return False
-    return any(part in user.tb_frame.f_code.co_filename for part in ("site-packages", "dist-packages"))
-
-
-def _already_said(function: str, role: str, err: AutogradFunctionError) -> bool:
-    """Whether ``err`` is the general tracer message jaxfn's wrapper of the user's functions gave
-    (chained from JAX's error), which may be said more precisely here."""
-    cause = err.__cause__
-    if cause is None or not isinstance(cause, TRACER_ERRORS):
-        return False
-    return str(err) == str(error(AutogradFunctionTypeError, function, _tracer_help(role, cause)))
+    return user
 
 
 def _tracer_help(role: str, err: BaseException) -> str:
@@ -329,18 +184,14 @@ def _method_help(role: str, name: str | None, obj: Any) -> str | None:
     if name not in METHODS and not in_place:
         return None
     jax_spelling, numpy_spelling = METHODS[name[:-1] if in_place else name]
-    if isinstance(obj, jax.Array):
-        what, spelling = "a JAX array", jax_spelling
-    else:
-        what, spelling = (
-            "a NumPy array (host code gets NumPy arrays)",
-            numpy_spelling or jax_spelling.replace("jnp.", "np."),
-        )
+    jax_array = isinstance(obj, jax.Array)
+    what = "a JAX array" if jax_array else _NUMPY_ARRAY
+    spelling = jax_spelling if jax_array else numpy_spelling or jax_spelling.replace("jnp.", "np.")
     if isinstance(obj, memoryview):
         what = "a memoryview (what .data gives on a NumPy array: its raw memory, not PyTorch's tensor data)"
         spelling = f"{spelling}, without .data (the NumPy array itself is its data)"
     method = "a PyTorch tensor method" if not in_place else "PyTorch's in-place tensor method"
-    if in_place and isinstance(obj, jax.Array):
+    if in_place and jax_array:
         fix = f"JAX arrays are immutable: write x = {spelling} and return the new array ({_AT} for a write at i)"
     elif in_place:
         fix = f"NumPy writes in place by assignment: x[...] = {spelling} (or an operator in place, x *= y)"
@@ -389,11 +240,9 @@ def _call_help(role: str, err: BaseException) -> str | None:
             "memory, not PyTorch's tensor data); drop .data: the array itself is its data"
         )
     found = _failing_call(err)
-    if found is None or not isinstance(found[0].func, ast.Attribute):
+    if found is None or not isinstance(func := found[0].func, ast.Attribute):
         return None
     node, frame = found
-    func = node.func
-    assert isinstance(func, ast.Attribute)
     array = _value(func.value, frame)
     if array is _UNKNOWN:  # an array computed in place (x[None].view(-1)): JAX's, where JAX's method raised
         array = _JAX_METHOD if _raised_in_jax_method(err, func.attr) else None
@@ -409,7 +258,7 @@ def _call_help(role: str, err: BaseException) -> str | None:
         return None
     torch_meaning, array_meaning = _SAME_NAME[func.attr]
     jax_array = isinstance(array, jax.Array) or array is _JAX_METHOD
-    what = "a JAX array" if jax_array else "a NumPy array (host code gets NumPy arrays)"
+    what = "a JAX array" if jax_array else _NUMPY_ARRAY
     if not jax_array:
         spelled = spelled.replace("jnp.", "np.")
     return (
@@ -422,26 +271,21 @@ def _same_name_spelling(name: str, array_source: str, node: ast.Call, frame: Any
     """How JAX spells PyTorch's ``x.view(...)``, ``x.transpose(d0, d1)`` or ``x.flatten(d)`` as
     called (``array_source`` the array's expression); None where the call is the array method's
     own use (a dtype view, a permutation, an order)."""
-    if name not in _SAME_NAME or any(isinstance(a, ast.Starred) for a in node.args):
+    if name not in _SAME_NAME or node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
         return None
     args = [_value(a, frame) for a in node.args]
     if any(a is _UNKNOWN for a in args):
         return None
-    ints = all(isinstance(a, int) and not isinstance(a, bool) for a in args)
-    if name == "view" and args and not node.keywords:
+    ints = all(_is_int(a) for a in args)
+    if name == "view":
         shape = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-        if all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        if args and all(_is_int(d) for d in shape):
             return f"{array_source}.reshape({', '.join(ast.unparse(a) for a in node.args)})"
-    if name == "transpose" and len(args) == 2 and ints and getattr(array, "ndim", None) != 2 and not node.keywords:
+    if name == "transpose" and len(args) == 2 and ints and getattr(array, "ndim", None) != 2:
         return f"jnp.swapaxes({array_source}, {args[0]}, {args[1]})"
-    if name == "flatten" and len(args) == 1 and ints and not node.keywords:
+    if name == "flatten" and len(args) == 1 and ints:
         ndim = getattr(array, "ndim", None)
-        first = args[0]
-        start = first % ndim if ndim and isinstance(first, int) else first
-        if not isinstance(start, int):
-            return None
-        if start < 0:
-            return f"{array_source}.reshape(*{array_source}.shape[:{start}], -1)"
+        start = args[0] % ndim if ndim else args[0]  # a negative start_dim as the axis it counts back to
         if start == 0:
             return f"{array_source}.reshape(-1)"
         kept = f"{array_source}.shape[0]" if start == 1 else f"*{array_source}.shape[:{start}]"
@@ -455,27 +299,22 @@ _JAX_METHOD = object()  # the array of a failing call: a JAX array whose value i
 def _raised_in_jax_method(err: BaseException, name: str) -> bool:
     """Whether ``err`` was raised inside JAX's array method ``name`` (a frame of JAX's code named
     ``name`` or ``_name``, as jax 0.10-0.12 spell Array's methods)."""
-    trace = err.__traceback__
-    while trace is not None:
-        code = trace.tb_frame.f_code
-        if code.co_filename.startswith(_LIBRARY_DIRS[0]) and code.co_name.lstrip("_") == name:
-            return True
-        trace = trace.tb_next
-    return False
+    return any(
+        frame.f_code.co_filename.startswith(_LIBRARY_DIRS[0]) and frame.f_code.co_name.lstrip("_") == name
+        for frame, _ in traceback.walk_tb(err.__traceback__)
+    )
 
 
 _UNKNOWN = object()  # an expression of the failing call whose value is not read
+# The integer arithmetic _value reads (a shape's x.shape[0] * x.shape[1], n // 2).
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 
 
 def _failing_call(err: BaseException) -> tuple[ast.Call, Any] | None:
     """The call the user's code was making when ``err`` was raised (the innermost frame of its
     traceback outside JAX and NumPy, at its instruction's source position), and that frame; None
     where it can't be read."""
-    trace, user = err.__traceback__, None
-    while trace is not None:
-        if not trace.tb_frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
-            user = trace
-        trace = trace.tb_next
+    user = _user_trace(err)
     if user is None:
         return None
     code = user.tb_frame.f_code
@@ -503,10 +342,7 @@ def _value(node: ast.AST, frame: Any) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
-        for scope in (frame.f_locals, frame.f_globals, vars(builtins)):
-            if node.id in scope:
-                return scope[node.id]
-        return _UNKNOWN
+        return ChainMap(frame.f_locals, frame.f_globals, builtins.__dict__).get(node.id, _UNKNOWN)
     if isinstance(node, ast.Attribute):
         base = _value(node.value, frame)
         try:
@@ -518,23 +354,21 @@ def _value(node: ast.AST, frame: Any) -> Any:
         return _UNKNOWN if any(item is _UNKNOWN for item in items) else items
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         operand = _value(node.operand, frame)
-        if isinstance(operand, int) and not isinstance(operand, bool):
+        if _is_int(operand):
             return -operand
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
         left, right = _value(node.left, frame), _value(node.right, frame)
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right)):
-            if isinstance(node.op, ast.Add):
-                return left + right
-            if isinstance(node.op, ast.Sub):
-                return left - right
-            if isinstance(node.op, ast.Mult):
-                return left * right
-            return left // right if right else _UNKNOWN
+        if _is_int(left) and _is_int(right) and (right or not isinstance(node.op, ast.FloorDiv)):
+            return _ARITHMETIC[type(node.op)](left, right)
     if isinstance(node, ast.Subscript):
         base, index = _value(node.value, frame), _value(node.slice, frame)
         if isinstance(base, tuple) and isinstance(index, int) and -len(base) <= index < len(base):
             return base[index]
     return _UNKNOWN
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _spelled(keyword: str, found: tuple[ast.Call, Any] | None) -> str | None:
@@ -564,8 +398,7 @@ def _calls_library(found: tuple[ast.Call, Any] | None) -> bool:
     node, frame = found
     function = _value(node.func, frame)
     if function is _UNKNOWN:
-        func = node.func
-        return isinstance(func, ast.Attribute) and any(hasattr(t, func.attr) for t in (jax.Array, np.ndarray))
+        return isinstance(node.func, ast.Attribute) and any(hasattr(t, node.func.attr) for t in (jax.Array, np.ndarray))
     owner = getattr(function, "__func__", function)
     module = getattr(owner, "__module__", None)
     if not isinstance(module, str):  # a NumPy array's bound builtin method, a ufunc

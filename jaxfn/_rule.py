@@ -316,6 +316,8 @@ def run_backward(
     NumPy arrays only)."""
     grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads, xp)
     check_backward_accepts(definition, ctx, grad_outputs)
+    if _anomaly.enabled():  # a NaN arriving from downstream is not backward's
+        _anomaly.grad_outputs(definition.name, grad_outputs)
     if definition.once_differentiable and xp is jnp:  # on the host, nothing differentiates backward
         returned = _call_once_differentiable(definition, ctx, grad_outputs)
     else:

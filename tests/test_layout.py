@@ -32,7 +32,7 @@ LAYERS = [
     "_host",
     "_finite_differences",
     "_primitive",
-    "_traced",
+    "_closures",
     "_function",
     "_gradcheck",
     "_torch",

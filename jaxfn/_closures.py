@@ -1,0 +1,157 @@
+"""SPEC section 15 in one place: what a call's functions close over, made pytrees of what they
+hold, so that the values being differentiated there get their gradients.
+
+Two cases, one entry (``of``). A function passed as an argument that holds traced values becomes
+a ``_tracers.Closure``, a callable pytree whose leaves are those values; backward's gradient for
+the argument is theirs. A value forward or backward (plain functions) closes over that holds
+values being differentiated becomes a parameter after forward's own, named as the code names it,
+so ``ctx.needs_input_grad.<name>`` asks for it and backward returns its gradient by that name. A
+differentiated value held any other way is refused, in jaxfn's words.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import jax
+
+from . import _arguments, _context, _jax_private, _rule, _tracers
+from ._errors import AutogradFunctionTypeError, error
+
+CLOSURE_HELP = (
+    "forward or backward (or a value passed to it as an argument) reads a value that JAX is tracing from "
+    "outside its arguments (it closes over a value being differentiated, or keeps one from another trace), "
+    "but a custom rule can only give gradients for its own parameters, so that gradient would be lost; pass "
+    "the value to the function as an argument instead (a function passed as an argument may close over it: "
+    "its closed-over values get gradients, from backward's gradient for that argument)"
+)
+
+
+def of(
+    definition: _rule.Definition,
+    arguments: _arguments.Arguments,
+    user: tuple[Any, ...],
+    parameters: bool,
+) -> tuple[_rule.Definition, _arguments.Arguments]:
+    """One traced call's definition and arguments with what its functions close over made
+    parameters. ``user``: the user's forward and backward as given, then their jvp and vmap rules
+    (or None); ``parameters``: whether what forward and backward close over may become parameters
+    (not for a function with a jvp or vmap rule, setup_context or host code: there it is refused)."""
+    if parameters:
+        definition, arguments, user = _closed_over(definition, arguments, user)
+    arguments = _in_arguments(definition.name, arguments)
+    _refuse_hidden(definition.name, arguments, user)
+    return definition, arguments
+
+
+def _in_arguments(name: str, arguments: _arguments.Arguments) -> _arguments.Arguments:
+    """The arguments with each function that holds traced values made a ``_tracers.Closure``
+    (unchanged if none: a function holding nothing traced is handed to forward as it is, SPEC
+    section 2). Every traced value is a leaf, not only those being differentiated (a value ``jit``
+    traces, a loop's index, a key): then no value of another trace reaches the rule's own traces."""
+    closures = {}
+    for i, (kind, value) in enumerate(zip(arguments.kinds, arguments.statics)):
+        if kind == _arguments.STATIC and callable(value):
+            held = _tracers.tracers_in(value)
+            if held:
+                closures[i] = _tracers.Closure.holding(value, held, name, arguments.paths[i])
+    return arguments.replacing(closures) if closures else arguments
+
+
+def _refuse_hidden(name: str, arguments: _arguments.Arguments, user: tuple[Any, ...]) -> None:
+    """A value being differentiated that the user's functions, or the call's static values, still
+    hold (not the call's own arrays) would lose its gradient: refused."""
+    statics = [v for v, array in zip(arguments.statics, arguments.is_array) if not array]
+    held = [f for f in user if not _tracers.holds_nothing(f)]
+    if not held and not statics:
+        return
+    own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
+
+    def differentiated(tracer: Any) -> bool:
+        return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
+
+    if _tracers.holds_tracer((held, statics), differentiated):
+        raise error(AutogradFunctionTypeError, name, CLOSURE_HELP)
+
+
+def _closed_over(
+    definition: _rule.Definition, arguments: _arguments.Arguments, user: tuple[Any, ...]
+) -> tuple[_rule.Definition, _arguments.Arguments, tuple[Any, ...]]:
+    """The values forward and backward close over that hold values being differentiated, as
+    parameters: for this call, forward and backward are copies that read the call's values there
+    (``_tracers.with_cells``); forward keeps them on ctx for backward. Unchanged (so refused
+    later) where that can't be done."""
+    unchanged = (definition, arguments, user)
+    forward, backward = _undecorated(user[0]), _undecorated(user[1])
+    if forward is None or backward is None:  # a decorator jaxfn can't see through: refused
+        return unchanged
+    wanted = _jax_private.is_differentiating_tracer  # a value only jit or vmap traces is read as before
+    closed = _tracers.cells_holding(forward, wanted)
+    for name, value in _tracers.cells_holding(backward, wanted).items():
+        if closed.setdefault(name, value) is not value:
+            return unchanged  # two different values under one name: refused
+    if not closed:
+        return unchanged
+    own = {id(a) for a in arguments.arrays}  # the call's own arguments, read through a closure: fine
+    clash = [
+        name
+        for name in closed
+        if name in arguments.names and any(id(t) not in own for t in _tracers.tracers_in(closed[name], wanted))
+    ]
+    if clash:  # the value can't be named as a parameter: said, not the generic refusal
+        raise error(
+            AutogradFunctionTypeError,
+            definition.name,
+            f"forward or backward closes over '{clash[0]}', which holds a value being differentiated, and "
+            f"'{clash[0]}' is also a parameter of forward, so its gradient can't be named; rename the "
+            "closed-over variable, or pass the value as an argument",
+        )
+    if set(closed) & set(arguments.names):
+        return unchanged
+    values = {}
+    for name, value in closed.items():
+        if not _is_leaf(value) or isinstance(value, jax.Array):  # an array, or a pytree (an Equinox module)
+            values[name] = value
+        elif callable(value):  # a function holding the values: a callable pytree of them
+            values[name] = _tracers.Closure.holding(value, _tracers.tracers_in(value), definition.name, name)
+        else:  # an object JAX can't see into: refused
+            return unchanged
+    names = tuple(values)
+
+    def forward_reading(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        read = {name: kwargs.pop(name) for name in names}
+        setattr(ctx, _context.CLOSED_OVER, read)  # crosses to backward as saved values do
+        return _tracers.with_cells(forward, read)(ctx, *args, **kwargs)
+
+    def backward_reading(ctx: Any, *grad_outputs: Any) -> Any:
+        return _tracers.with_cells(backward, getattr(ctx, _context.CLOSED_OVER))(ctx, *grad_outputs)
+
+    functools.update_wrapper(forward_reading, forward)
+    functools.update_wrapper(backward_reading, user[1])  # the backward as given: once_differentiable's mark too
+    forward_reading.__signature__ = _with_keyword_only(inspect.signature(forward), names)  # type: ignore[attr-defined]
+    hidden = dict.fromkeys(names)  # the user's functions, as _refuse_hidden checks them, without these values
+    user = (_tracers.with_cells(forward, hidden), _tracers.with_cells(backward, hidden), *user[2:])
+    reading = _rule.Definition.of(definition.name, forward_reading, backward_reading)
+    return reading, arguments.replacing({}, values), user
+
+
+def _undecorated(function: Any) -> Any:
+    """The plain function under ``jaxfn.once_differentiable`` (whose mark the rule reads); the
+    function itself if undecorated; None under another decorator (whose code jaxfn can't copy)."""
+    if getattr(function, _rule.ONCE_DIFFERENTIABLE, False):
+        function = getattr(function, "__wrapped__", function)
+    return None if hasattr(function, "__wrapped__") else function
+
+
+def _is_leaf(value: Any) -> bool:
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
+
+
+def _with_keyword_only(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:
+    """``signature`` with keyword-only parameters ``names`` added (before a ``**kwargs``)."""
+    parameters = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(parameters) if p.kind is p.VAR_KEYWORD), len(parameters))
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names]
+    return signature.replace(parameters=[*parameters[:at], *added, *parameters[at:]])
