@@ -25,13 +25,14 @@ import dataclasses
 import functools
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _anomaly, _arguments, _context, _forward_mode, _host_values, _jax_private, _keys, _outputs, _rule
+from . import _anomaly, _arguments, _context, _forward_mode, _host_values, _jax_private, _keys, _outputs, _rule, _split
 from ._arguments import DIFF, STATIC, Arguments
 from ._context import Context, Remainder
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
@@ -61,17 +62,14 @@ class _Probe:
     carries: tuple[Any, ...]  # how each saved leaf crosses to backward (_host_values.carry)
     calls: threading.local = dataclasses.field(default_factory=threading.local)  # this probe's HostCalls, per thread
 
-    @property
+    @functools.cached_property
     def carried(self) -> tuple[jax.ShapeDtypeStruct, ...]:
         """What forward's callback sends to backward's: the saved values as they cross, or, where
         none carries data (``None``, an empty list), a receipt (a scalar), so that backward's
         callback always depends on forward's: under ``jit(grad)`` JAX would otherwise drop a forward
         whose outputs are unused, and backward would read the probe's saves (and miss its errors)."""
-        return (*self._saved_specs, _RECEIPT) if self.needs_receipt else self._saved_specs
-
-    @functools.cached_property
-    def _saved_specs(self) -> tuple[jax.ShapeDtypeStruct, ...]:
-        return tuple(s for s in map(_host_values.carried_spec, self.carries) if s is not None)
+        specs = tuple(map(_host_values.carried_spec, self.carries))
+        return (*specs, _RECEIPT) if self.needs_receipt else specs
 
     @property
     def save_names(self) -> tuple[str, ...]:
@@ -83,7 +81,7 @@ class _Probe:
     def needs_receipt(self) -> bool:
         """Whether no save carries data (none, or only zero-size arrays, which XLA may drop) to make
         backward's callback depend on forward's."""
-        return not any(math.prod(s.shape) for s in self._saved_specs)
+        return not any(math.prod(_host_values.carried_spec(c).shape) for c in self.carries)
 
 
 _RECEIPT = jax.ShapeDtypeStruct((), np.uint8)
@@ -115,9 +113,9 @@ class HostFunction:
         """Forward's output for one call outside any trace: forward runs directly on NumPy arrays
         (no probe: an output whose shape depends on the values is fine here, as in PyTorch), and
         whatever it raises propagates untouched."""
-        arrays = _host_arrays(args.arrays)
-        flags = (False,) * len(arrays)
-        ctx, out = _run_forward(self.definition, args, arrays, flags)
+        # the arrays as host code sees them: NumPy arrays of the dtypes JAX holds them in
+        arrays = [np.asarray(a).astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False) for a in args.arrays]
+        ctx, out, _ = _rule.forward_with_context(self.definition, args, arrays, (False,) * len(arrays))
         info = _outputs_of(self.definition.name, ctx, out, self.output)
         outputs = _check_outputs(self.definition.name, info, out)
         if _anomaly.enabled():
@@ -127,8 +125,7 @@ class HostFunction:
     def outputs(self, args: Arguments) -> Outputs:
         """The description of a call's output (what ``_rule.primal`` returns for other functions),
         from the probe: forward's NumPy code never sees a tracer. Every leaf is an array."""
-        arrays = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in args.arrays]
-        return self._probe(args, arrays, (False,) * len(arrays)).info
+        return self._probe(args, args.arrays, (False,) * len(args.arrays)).info
 
     @functools.cached_property
     def rule(self) -> _rule.Definition:
@@ -146,14 +143,12 @@ class HostFunction:
             call = definition.bind(given, named)
             args, arrays, flags = call.structure(), call.arrays, _context.perturbed(ctx)  # args: no tracers kept
             probe = self._probe(args, arrays, flags)
-            if any(flags):
-                specs = (*probe.info.avals, *probe.carried)
-                results = bind(name, self._call(probe, args, "forward"), specs, *arrays)
-                outs = results[: len(probe.info.avals)]
-                # each saved value under the name the host forward gave it (hsin.cosx, hsin.0)
-                ctx.save_for_backward(**dict(zip(probe.save_names, results[len(probe.info.avals) :])))
-            else:  # nothing is differentiated: nothing saved crosses
-                outs = bind(name, self._call(probe, args, "primal"), probe.info.avals, *arrays)
+            saving = any(flags)  # when nothing is differentiated, nothing saved crosses
+            specs = (*probe.info.avals, *probe.carried) if saving else probe.info.avals
+            results = bind(name, self._call(probe, args, _host_forward, saving), specs, *arrays)
+            outs = results[: len(probe.info.avals)]
+            # each saved value under the name the host forward gave it (hsin.cosx, hsin.0); none unless saving
+            ctx.save_for_backward(**dict(zip(probe.save_names, results[len(probe.info.avals) :])))
             ctx.jaxfn_host = _Call(probe, args, tuple(_arguments.shape_dtypes(arrays)))
             if definition.jvp is not None:
                 ctx.save_for_forward(*arrays)  # what jvp reads (never a residual of backward)
@@ -163,15 +158,13 @@ class HostFunction:
 
         def backward(ctx: Context, *grad_outputs: Any) -> Any:
             call = ctx.jaxfn_host
-            probe, args = call.probe, call.args
-            info = probe.info
+            probe, args, info = call.probe, call.args, call.probe.info
             given = _outputs.grad_output_leaves(name, info, info.is_sequence, grad_outputs)
             present = tuple(d and g is not None for d, g in zip(info.differentiable, given))
-            wanted = [i for i, flag in enumerate(probe.flags) if flag]
-            host = self._call(probe, args, "backward", present, call.avals)
+            host = self._call(probe, args, _host_backward, present, call.avals)
             sent = [g for g, p in zip(given, present) if p]
-            specs = tuple(call.avals[i] for i in wanted)
-            grads = iter(bind(name, host, specs, *ctx.saved_tensors, *sent) if wanted else ())
+            specs = tuple(aval for aval, flag in zip(call.avals, probe.flags) if flag)
+            grads = iter(bind(name, host, specs, *ctx.saved_tensors, *sent) if specs else ())
             return dict(zip(args.names, args.parameters([next(grads) if flag else None for flag in probe.flags])))
 
         def jvp(ctx: Context, *tangents: Any) -> Any:
@@ -181,7 +174,7 @@ class HostFunction:
             arrays = ctx.saved_tensors
             probe = self._probe(args, arrays, present)
             given = [t for t in by_array if t is not None]
-            out = bind(name, self._call(probe, args, "jvp", present), probe.info.avals, *arrays, *given)
+            out = bind(name, self._call(probe, args, _host_jvp, present), probe.info.avals, *arrays, *given)
             return probe.info.rebuild(list(out))
 
         forward.__signature__ = definition.signature  # type: ignore[attr-defined]
@@ -193,35 +186,26 @@ class HostFunction:
     def _probe(self, args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> _Probe:
         """The probe of this signature (shapes, dtypes, static values, flags, x64), run once."""
         key = _signature_key(args, arrays, flags)
-        probe = self._probes.get(key) if key is not None else None
-        if probe is None:
-            probe = _run_probe(self.definition, args, arrays, flags, self.output)
-            if key is not None:
-                self._probes[key] = probe
+        probe = self._probes.get(key) or _run_probe(self.definition, args, arrays, flags, self.output)
+        if key is not None:
+            self._probes[key] = probe
         return probe
 
-    def _call(self, probe: _Probe, args: Arguments, role: str, *extra: Any) -> HostCall:
-        """This thread's stable ``HostCall`` for one role (JAX's cache of compiled callbacks hits)."""
-        calls: dict[tuple[str, ...], HostCall] | None = getattr(probe.calls, "by_role", None)
-        if calls is None:
-            calls = probe.calls.by_role = {}
+    def _call(self, probe: _Probe, args: Arguments, run: Callable[..., Any], *extra: Any) -> HostCall:
+        """This thread's stable ``HostCall`` of ``run(definition, args, probe, *extra, *values)``, the
+        values as NumPy arrays (JAX's cache of compiled callbacks hits)."""
+        calls = probe.calls.__dict__.setdefault("by_run", {})  # this thread's
         anomaly = _anomaly.enabled()  # read when the call is traced; the callback runs later, elsewhere
-        key = (role, str(anomaly), *map(str, extra))
+        key = (run, anomaly, *map(str, extra))
         if key not in calls:
-            run = {"backward": _host_backward, "jvp": _host_jvp}.get(role, _host_forward)
-            definition, with_saved = self.definition, role == "forward"
+            definition = self.definition
 
             def host(*values: Any) -> Any:
                 with _jax_private.anomaly_context(anomaly):  # the rule's own checks, as traced
-                    return run(definition, args, probe, with_saved, *extra, *values)
+                    return run(definition, args, probe, *extra, *map(np.asarray, values))  # may be JAX arrays
 
             calls[key] = HostCall(host)
         return calls[key]
-
-
-def _host_arrays(arrays: Any) -> list[np.ndarray]:
-    """The arrays as host code sees them: NumPy arrays of the dtypes JAX holds them in."""
-    return [np.asarray(a).astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False) for a in arrays]
 
 
 def _signature_key(args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> Any:
@@ -235,23 +219,16 @@ def _signature_key(args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> Any
 
 
 # -- on the host ---------------------------------------------------------------------------------
-def _run_forward(definition: _rule.Definition, args: Arguments, arrays: Any, flags: Any) -> tuple[Context, Any]:
-    """The user's forward on NumPy arrays, with a fresh context (the rule's, as for any forward)."""
-    ctx, out, _ = _rule.forward_with_context(definition, args, arrays, flags)
-    return ctx, out
-
-
 def _host_forward(definition: _rule.Definition, args: Arguments, probe: _Probe, with_saved: bool, *arrays: Any):
     """Runs in the callback: forward's outputs, and (``with_saved``) what it saved, as they cross."""
     name = definition.name
-    ctx, out = _run_forward(definition, args, [np.asarray(a) for a in arrays], probe.flags)
+    ctx, out, _ = _rule.forward_with_context(definition, args, list(arrays), probe.flags)
     results = _check_outputs(name, probe.info, out)
     if with_saved:
         remainder, leaves = _host_values.split(ctx)
         if (remainder.treedef, remainder.names) != (probe.remainder.treedef, probe.remainder.names):
             raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="save"))
-        for leaf, carry in zip(leaves, probe.carries):
-            results.extend(_host_values.send(name, leaf, carry))
+        results.extend(_host_values.send(name, leaf, carry) for leaf, carry in zip(leaves, probe.carries))
         if probe.needs_receipt:  # nothing saved carries data: the receipt (_Probe.carried)
             results.append(np.zeros(_RECEIPT.shape, _RECEIPT.dtype))
     return tuple(results)
@@ -276,17 +253,16 @@ def _host_backward(
     definition: _rule.Definition,
     args: Arguments,
     probe: _Probe,
-    with_saved: bool,
     present: tuple[bool, ...],
     avals: tuple[jax.ShapeDtypeStruct, ...],
     *values: Any,
 ) -> tuple[Any, ...]:
-    """Runs in the callback: the rule's own backward step (``_rule.run_backward``) on NumPy arrays;
-    one input-shaped gradient per differentiated array."""
-    name = definition.name
-    values = tuple(np.asarray(v) for v in values)  # callbacks may hand over JAX arrays
+    """Runs in the callback: the rule's own backward step (``_rule.run_backward``) on NumPy arrays,
+    with a context rebuilt from what forward's callback sent; one input-shaped gradient per
+    differentiated array."""
     carried, given = iter(values[: len(probe.carried)]), iter(values[len(probe.carried) :])
-    ctx = _host_values.context(probe.remainder, [_host_values.receive(name, c, carried) for c in probe.carries])
+    saved = [_host_values.receive(definition.name, c, carried) for c in probe.carries]
+    ctx = Context.from_residuals(saved, probe.remainder)
     cotangents = [next(given) if p else None for p in present]
     grads = _rule.run_backward(definition, args, ctx, probe.info, cotangents, list(avals), list(probe.flags), xp=np)
     return tuple(
@@ -295,26 +271,19 @@ def _host_backward(
 
 
 def _host_jvp(
-    definition: _rule.Definition,
-    args: Arguments,
-    probe: _Probe,
-    with_saved: bool,
-    present: tuple[bool, ...],
-    *values: Any,
+    definition: _rule.Definition, args: Arguments, probe: _Probe, present: tuple[bool, ...], *values: Any
 ) -> tuple[Any, ...]:
     """Runs in the callback: forward with a fresh context, then the user's jvp reading what it
     saved (``ctx.save_for_forward``) and its attributes, its tangents handed over and read back as
     the traced rule's are (``_forward_mode``); one tangent per output array."""
     name = definition.name
     assert definition.jvp is not None
-    values = tuple(np.asarray(v) for v in values)
     arrays, given = values[: len(present)], iter(values[len(present) :])
-    ctx, out = _run_forward(definition, args, list(arrays), present)
+    ctx, out, _ = _rule.forward_with_context(definition, args, list(arrays), present)
     _check_outputs(name, probe.info, out)
     tangents = [next(given) if flag else None for flag in present]
     handed = _forward_mode.tangents_by_slot(args, arrays, tangents, ctx.materialize_grads, xp=np)
-    jvp_ctx = _context.for_jvp(ctx)
-    returned = _rule.call_user(name, "jvp", definition.jvp, (jvp_ctx, *handed), _rule.jvp_takes(args))
+    returned = _rule.call_user(name, "jvp", definition.jvp, (_context.for_jvp(ctx), *handed), _rule.jvp_takes(args))
     computed = iter(_forward_mode.out_tangents(name, probe.info, returned, xp=np))
     return tuple(
         next(computed) if d else np.zeros(a.shape, a.dtype) for d, a in zip(probe.info.differentiable, probe.info.avals)
@@ -327,15 +296,12 @@ def _run_probe(definition: _rule.Definition, args: Arguments, arrays: Any, flags
     arrays, and describe what it returns and saves."""
     rng = np.random.default_rng(0)
     shapes = [(tuple(np.shape(a)), _numpy_dtype(a.dtype)) for a in arrays]
-    candidates = [
-        [np.ones(shape, dtype) for shape, dtype in shapes],
-        [rng.standard_normal(shape).astype(dtype) for shape, dtype in shapes],
-    ]
     failures: list[Exception] = []
-    for candidate in candidates:
+    for kind in ("ones", "normal"):  # the normal arrays made only if forward fails on ones
+        candidate = [np.ones(s, d) if kind == "ones" else rng.standard_normal(s).astype(d) for s, d in shapes]
         try:
             with np.errstate(all="ignore"):
-                ctx, out = _run_forward(definition, args, candidate, flags)
+                ctx, out, _ = _rule.forward_with_context(definition, args, candidate, flags)
         except AutogradFunctionError:
             raise
         except Exception as err:  # noqa: BLE001 - reported below with what the probe is for
@@ -347,7 +313,10 @@ def _run_probe(definition: _rule.Definition, args: Arguments, arrays: Any, flags
                 raise
             failures.append(err)
             continue
-        return _describe(definition.name, ctx, out, output, tuple(flags))
+        # what forward returned (checked), and how what it saved crosses to backward
+        info = _outputs_of(definition.name, ctx, out, output)
+        remainder, saved = _host_values.split(ctx)
+        return _Probe(tuple(flags), info, remainder, tuple(map(_host_values.carry, saved)))
     first, last = failures
     raise error(
         AutogradFunctionTypeError,
@@ -376,65 +345,42 @@ def _described_call(args: Arguments, shapes: list[tuple[Any, Any]], kind: str) -
     return ", ".join(f"{name}={value!r}" for name, value in zip(args.names, args.values(shown)))
 
 
-class _Shown:
+class _Shown(str):
     """An array in a message: ``repr`` is its description."""
 
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
+    __repr__ = str.__str__
 
 
 def _numpy_dtype(dtype: Any) -> Any:
-    dtype = jax.dtypes.canonicalize_dtype(dtype) if not jnp.issubdtype(dtype, jax.dtypes.extended) else np.uint32
-    return np.dtype(dtype)
-
-
-def _describe(name: str, ctx: Context, out: Any, output: Any, flags: tuple[bool, ...]) -> _Probe:
-    """What forward returned (checked), and how what it saved crosses to backward."""
-    info = _outputs_of(name, ctx, out, output)
-    remainder, saved = _host_values.split(ctx)
-    return _Probe(flags, info, remainder, tuple(_host_values.carry(name, leaf) for leaf in saved))
+    return np.dtype(np.uint32 if jnp.issubdtype(dtype, jax.dtypes.extended) else jax.dtypes.canonicalize_dtype(dtype))
 
 
 def _outputs_of(name: str, ctx: Context, out: Any, output: Any) -> Outputs:
     """What a host forward returned, checked and described (all an eager call needs: no backward)."""
-    leaves, treedef = jax.tree_util.tree_flatten(out)
-    for leaf in leaves:
-        if not isinstance(leaf, (np.ndarray, *_NUMBERS)) or _arguments.dtype_kind(np.asarray(leaf).dtype) == STATIC:
+    leaves, parts = _split.split(out, lambda leaf: True)  # every leaf an array
+    for leaf in leaves or [out]:  # out itself where it holds no leaf (None, an empty tuple): refused too
+        numeric = isinstance(leaf, (np.ndarray, *_NUMBERS)) and _arguments.dtype_kind(np.asarray(leaf).dtype) != STATIC
+        if not (leaves and numeric):
             what = f"a NumPy array of dtype {leaf.dtype}" if isinstance(leaf, np.ndarray) else type_name(leaf)
             raise error(
                 AutogradFunctionTypeError,
                 name,
                 f"a host forward (host=True) must return NumPy arrays or numbers, but it returned {what}",
             )
-    if not leaves:
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"a host forward (host=True) must return NumPy arrays or numbers, but it returned {type_name(out)}",
-        )
     specs = tuple(_host_values.spec(leaf) for leaf in leaves)
-    _check_declared(name, output, treedef, specs)
+    if output is not None:  # what the user declared
+        declared, declared_treedef = jax.tree_util.tree_flatten(output)
+        if declared_treedef != parts.treedef or any(
+            tuple(d.shape) != s.shape or np.dtype(d.dtype) != s.dtype for d, s in zip(declared, specs)
+        ):
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"output= declares {[(tuple(d.shape), str(d.dtype)) for d in declared]}, but the host forward "
+                f"returned {[(s.shape, str(s.dtype)) for s in specs]}; declare what forward returns",
+            )
     marked = _outputs.check_marked(name, leaves, _context.non_differentiable(ctx))
     differentiable = tuple(
         id(leaf) not in marked and _arguments.dtype_kind(s.dtype) == DIFF for leaf, s in zip(leaves, specs)
     )
-    n = len(leaves)
-    return Outputs(treedef, (True,) * n, (None,) * n, specs, differentiable, isinstance(out, (tuple, list)))
-
-
-def _check_declared(name: str, output: Any, treedef: Any, specs: tuple[jax.ShapeDtypeStruct, ...]) -> None:
-    if output is None:
-        return
-    declared, declared_treedef = jax.tree_util.tree_flatten(output)
-    if declared_treedef != treedef or any(
-        tuple(d.shape) != s.shape or np.dtype(d.dtype) != s.dtype for d, s in zip(declared, specs)
-    ):
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"output= declares {[(tuple(d.shape), str(d.dtype)) for d in declared]}, but the host forward "
-            f"returned {[(s.shape, str(s.dtype)) for s in specs]}; declare what forward returns",
-        )
+    return Outputs(parts.treedef, parts.is_array, parts.statics, specs, differentiable, isinstance(out, (tuple, list)))

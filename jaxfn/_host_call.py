@@ -58,14 +58,6 @@ class HostCall:
             raise
 
 
-def _varying_like(arrays: Any, results: Any) -> Any:
-    """Inside ``jax.shard_map``: each result made to vary over every manual axis an input varies
-    over (``pure_callback`` types its results as not varying, though host code computes them per
-    device from what it is given; a cotangent typed so is refused where its input varies)."""
-    axes = frozenset().union(*map(_rule.varying_axes, arrays))
-    return [_rule.varying(r, axes) for r in results] if axes else results
-
-
 def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
     """``host(*arrays)`` through ``jax.pure_callback`` (once per batch element under ``vmap``).
 
@@ -80,7 +72,12 @@ def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
     host.armed, host.raised = True, None
     try:
         given = _rule.nondifferentiable(name, ONCE, arrays)  # a derivative through host code: refused
-        results = _varying_like(arrays, jax.pure_callback(host, specs, *given, vmap_method="sequential"))
+        results = jax.pure_callback(host, specs, *given, vmap_method="sequential")
+        # inside jax.shard_map, each result made to vary over every manual axis an input varies over
+        # (pure_callback types its results as not varying, though host code computes them per device
+        # from what it is given; a cotangent typed so is refused where its input varies)
+        axes = frozenset().union(*map(_rule.varying_axes, arrays))
+        results = [_rule.varying(r, axes) for r in results] if axes else results
         if all(isinstance(r, jax.Array) and not isinstance(r, Tracer) for r in results):
             jax.block_until_ready(results)  # run at once: an asynchronous device reports here, not later
         return results

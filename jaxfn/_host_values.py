@@ -2,7 +2,7 @@
 
 A host forward's output leaves become JAX arrays of the shapes and dtypes the probe learnt
 (``spec``, ``conform``). What it saves on ``ctx`` crosses to backward as any context does
-(``Context.to_residuals`` / ``from_residuals``: ``split``, ``context``), each saved leaf exactly
+(``Context.to_residuals`` / ``from_residuals``: ``split``), each saved leaf exactly
 (``carry``, ``send``, ``receive``): JAX never narrows it. Any other Python object forward keeps
 on ``ctx`` (a SciPy factorization, a torch graph) is kept per call on the host (``KEPT``), as
 PyTorch keeps it, and only its key crosses.
@@ -34,11 +34,6 @@ def split(ctx: Context) -> tuple[Remainder, list[Any]]:
     return dataclasses.replace(remainder, state=bare), leaves
 
 
-def context(remainder: Remainder, leaves: list[Any]) -> Context:
-    """The host backward's context, rebuilt from ``split``'s remainder and the values received."""
-    return Context.from_residuals(leaves, remainder)
-
-
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
 # exactly: an array of a dtype JAX holds as it is (a float32 array; a float64 one with x64 on) as
 # an array; a NumPy scalar, or an array JAX would narrow or can't hold (float64 with x64 off,
@@ -67,17 +62,15 @@ class Raw:
 PACKED = {bool: "<?", int: "<q", float: "<d", complex: "<dd"}
 
 
-def carry(name: str, value: Any) -> Any:
+def carry(value: Any) -> Any:
     if type(value) in PACKED:
         return Number(type(value))
-    if isinstance(value, (np.ndarray, np.generic)):
-        if value.dtype == object:
-            return PerCall()
-        numeric = jnp.issubdtype(value.dtype, np.number) or value.dtype == np.bool_
-        if isinstance(value, np.generic) or not numeric or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
-            return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
-        return spec(value)
-    return PerCall()  # kept per call: a Python value forward computes from the data is this call's own
+    if not isinstance(value, (np.ndarray, np.generic)) or value.dtype == object:
+        return PerCall()  # kept per call: a Python value forward computes from the data is this call's own
+    numeric = jnp.issubdtype(value.dtype, np.number) or value.dtype == np.bool_
+    if isinstance(value, np.generic) or not numeric or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
+        return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
+    return spec(value)
 
 
 class Kept:
@@ -115,9 +108,6 @@ class Kept:
             self._read.add(key)
             return self._entries[key]
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
 
 KEPT = Kept()
 
@@ -129,7 +119,7 @@ _GONE = (
 )
 
 
-def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
+def carried_spec(carry: Any) -> jax.ShapeDtypeStruct:
     if isinstance(carry, PerCall):
         return jax.ShapeDtypeStruct((8,), np.uint8)
     if isinstance(carry, Number):
@@ -139,26 +129,23 @@ def carried_spec(carry: Any) -> jax.ShapeDtypeStruct | None:
     return carry
 
 
-def send(name: str, value: Any, carry: Any) -> list[np.ndarray]:
-    """Runs on the host after forward: a saved value as what crosses to backward ([] if nothing)."""
+def send(name: str, value: Any, carry: Any) -> np.ndarray:
+    """Runs on the host after forward: a saved value as the array that crosses to backward."""
     if isinstance(carry, PerCall):
-        return [_pack(name, KEPT.keep(value))]
+        return _pack(name, KEPT.keep(value))
     if isinstance(carry, Number):
         if type(value) is not carry.kind:
             raise error(AutogradFunctionTypeError, name, changed(value, f"a Python {carry.kind.__name__}"))
-        return [_pack(name, value)]
+        return _pack(name, value)
     if isinstance(carry, Raw):
-        if not isinstance(value, (np.ndarray, np.generic)) or (value.dtype, np.shape(value)) != (
-            carry.dtype,
-            carry.shape,
-        ):
+        if not isinstance(value, (np.ndarray, np.generic)) or (value.dtype, value.shape) != (carry.dtype, carry.shape):
             raise error(
                 AutogradFunctionTypeError,
                 name,
                 changed(value, f"a NumPy value of dtype {carry.dtype} and shape {carry.shape}"),
             )
-        return [np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8).copy()]
-    return [conform(name, "saved value", value, carry, exact=True)]
+        return np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8).copy()
+    return conform(name, "saved value", value, carry, exact=True)
 
 
 def receive(name: str, carry: Any, values: Any) -> Any:
@@ -189,9 +176,8 @@ def _short(value: Any) -> str:
 
 
 def _pack(name: str, value: Any) -> np.ndarray:
-    fmt = PACKED[type(value)]
     try:
-        packed = struct.pack(fmt, *((value.real, value.imag) if type(value) is complex else (value,)))
+        packed = struct.pack(PACKED[type(value)], *((value.real, value.imag) if type(value) is complex else (value,)))
     except struct.error:
         raise error(
             AutogradFunctionTypeError,
@@ -216,7 +202,7 @@ def conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct, exact:
     """``value`` as an array of ``spec``'s shape and dtype: an output as JAX would hold it, a saved
     value (``exact``) only if it has that very dtype."""
     array = np.asarray(value)
-    if array.shape != tuple(spec.shape) and what == "output":
+    if array.shape != tuple(spec.shape):
         raise error(
             AutogradFunctionTypeError,
             name,
@@ -226,13 +212,9 @@ def conform(name: str, what: str, value: Any, spec: jax.ShapeDtypeStruct, exact:
             f"returned shape {array.shape}: the output's shape depends on the input values (a boolean-mask "
             f"selection x[mask], np.nonzero, np.unique); return a fixed size instead (pad to the largest size the "
             f"output can have, as jnp.nonzero(mask, size=n, fill_value=0) does, and return the count beside it), "
-            f"or call the function outside transformations, where forward runs directly on the values",
-        )
-    if array.shape != tuple(spec.shape):
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"a host forward (host=True) must give each {what} the same shape on every call, but one has shape "
+            f"or call the function outside transformations, where forward runs directly on the values"
+            if what == "output"
+            else f"a host forward (host=True) must give each {what} the same shape on every call, but one has shape "
             f"{array.shape} where the first call of this signature gave {tuple(spec.shape)}",
         )
     if (array.dtype if exact else jax.dtypes.canonicalize_dtype(array.dtype)) != spec.dtype:
