@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -120,31 +120,22 @@ def detect_anomaly() -> Iterator[None]:
 
 def _raised_by(err: Exception) -> BaseException | None:
     """The jaxfn error a failed callback raised, if ``err`` is JAX's report of it."""
-    for raised in reversed(_RAISED):
-        if _jax_private.reports_callback_error(err, raised):
-            return raised
-    return None
+    return next((raised for raised in reversed(_RAISED) if _jax_private.reports_callback_error(err, raised)), None)
 
 
 def outputs(name: str, out: Any) -> None:
     """Check forward's output (any pytree), each leaf named as in messages."""
-    with_paths, treedef = jax.tree_util.tree_flatten_with_path(out)
-    if treedef.num_leaves == 1 and treedef.num_nodes == 1:
-        check(name, "forward", [("its output", out)])
-    else:
-        check(name, "forward", [(f"output{jax.tree_util.keystr(path)}", leaf) for path, leaf in with_paths])
+    with_paths = jax.tree_util.tree_flatten_with_path(out)[0]  # a path is empty only where out is one array
+    check(name, "forward", [(f"output{jax.tree_util.keystr(p)}" if p else "its output", x) for p, x in with_paths])
 
 
 def grad_outputs(name: str, grad_outputs: tuple[Any, ...]) -> None:
     """Check the grad_outputs backward is about to get: a NaN/Inf there comes from after this
     function (a ``log(0)`` downstream), so it is reported as that, not as backward's fault."""
-    if len(grad_outputs) == 1:
-        labeled = [("grad_output", grad_outputs[0])]
-    else:
-        labeled = [(f"grad_output {i}", g) for i, g in enumerate(grad_outputs)]
+    labels = ["grad_output"] if len(grad_outputs) == 1 else [f"grad_output {i}" for i in range(len(grad_outputs))]
     with_paths = [
         (label + jax.tree_util.keystr(path), leaf)
-        for label, g in labeled
+        for label, g in zip(labels, grad_outputs)
         for path, leaf in jax.tree_util.tree_flatten_with_path(g)[0]
     ]
     check(name, "grad_output", with_paths)
@@ -167,10 +158,7 @@ def check(name: str, role: str, labeled: list[tuple[str, Any]]) -> None:
             bad = ~np.isfinite(np.asarray(value))
             if np.any(bad):
                 first = np.unravel_index(int(np.argmax(bad.ravel())), np.shape(value))
-                bad_value = np.asarray(value)[first]
-                raised = error(AutogradFunctionValueError, name, _sentence(role, label, bad_value, first))
-                _record(raised)  # host code checks here, inside a callback of a compiled program too
-                raise raised
+                _raise(name, role, label, np.asarray(value)[first], first)  # host code too, in a compiled callback
 
 
 def _check_traced(name: str, role: str, label: str, value: Any) -> None:
@@ -180,19 +168,19 @@ def _check_traced(name: str, role: str, label: str, value: Any) -> None:
 
     def report(all_finite: Any, first: Any, bad_value: Any) -> None:
         if not bool(all_finite):
-            index = np.unravel_index(int(first), shape) if shape else ()
-            raised = error(AutogradFunctionValueError, name, _sentence(role, label, np.asarray(bad_value), index))
-            _record(raised)
-            raise raised
+            _raise(name, role, label, np.asarray(bad_value), np.unravel_index(int(first), shape) if shape else ())
 
     bad_value = jnp.ravel(value)[first] if shape else value
     jax.debug.callback(report, finite.all(), first, bad_value)
 
 
-def _record(raised: BaseException) -> None:
-    """Keep what was raised, for ``detect_anomaly`` to find behind JAX's runtime error (the last few)."""
+def _raise(name: str, role: str, label: str, bad: Any, index: tuple) -> NoReturn:
+    """Raise the error for a non-finite value, kept first for ``detect_anomaly`` to find behind
+    JAX's runtime error (the last few)."""
+    raised = error(AutogradFunctionValueError, name, _sentence(role, label, bad, index))
     _RAISED.append(raised)
     del _RAISED[:-16]
+    raise raised
 
 
 def _sentence(role: str, label: str, bad: Any, index: tuple) -> str:
@@ -206,17 +194,15 @@ def _sentence(role: str, label: str, bad: Any, index: tuple) -> str:
             "unselected branch); backward is not its source"
         )
     if role == "forward":
-        sentence = (
+        return (
             f"forward returned a non-finite value in {label} ({what} at index {index}); look at forward's formula "
             "for that output at that index (a log or division of 0, an overflow, inf - inf), or at the inputs it got"
         )
-    else:
-        sentence = (
-            f"backward returned a non-finite gradient for '{label}' ({what} at index {index}); look at backward's "
-            "formula for that parameter at that index (a division by 0, the derivative of sqrt or log at 0, "
-            "inf * 0), or at the grad_output it got"
-        )
-    return sentence
+    return (
+        f"backward returned a non-finite gradient for '{label}' ({what} at index {index}); look at backward's "
+        "formula for that parameter at that index (a division by 0, the derivative of sqrt or log at 0, "
+        "inf * 0), or at the grad_output it got"
+    )
 
 
 if os.environ.get("JAXFN_DETECT_ANOMALY", "").lower() in ("1", "true", "yes", "on"):

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _tracers
 from ._errors import (
+    AutogradFunctionError,
     AutogradFunctionTypeError,
     ContextAttributeError,
     ContextIndexError,
@@ -28,11 +29,59 @@ from ._errors import (
 )
 from ._split import Split, split_with_paths
 
-_PLAIN = (int, float, complex, bool, str, bytes, type(None))
-_SAVED = "ctx.saved_variables"
+
+class _View:
+    """What ``SavedVariables`` and ``NeedsInputGrad`` share: a context's values by name
+    (``_names``) and by position (``_positions``), read-only; an unknown name, or a position past
+    the end, raises naming the view (``_what``)."""
+
+    __slots__ = ("_function", "_names", "_positions", "_replaced")
+    _what: str  # the view as messages name it
+    _per: str  # what one position stands for
+    _read_only: str  # the sentence for setting a value
+    __iter__: Callable[[], Iterator[Any]]  # each view's own
+
+    def __init__(
+        self, function: str, names: dict[str, Any], positions: tuple[Any, ...], replaced: tuple[str, ...] = ()
+    ):
+        for slot, value in zip(_View.__slots__, (function, dict(names), positions, replaced)):
+            object.__setattr__(self, slot, value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)  # Python's protocol look-ups (copy, pickle) stay silent
+        return self._named(name, ContextAttributeError)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise error(AutogradFunctionTypeError, self._function, self._read_only)
+
+    def __setitem__(self, name: Any, value: Any) -> None:
+        self.__setattr__(str(name), value)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def keys(self) -> Any:
+        return self._names.keys()
+
+    def _named(self, name: Any, kind: type[AutogradFunctionError]) -> Any:
+        try:
+            return self._names[name]
+        except KeyError:
+            raise error(kind, self._function, self._unknown(name)) from None
+
+    def _at(self, index: Any) -> Any:
+        _check_position(self, len(self._positions), index)
+        return self._positions[index]
+
+    def _unknown(self, name: str) -> str:
+        return unknown_name(self._what, name, self._names)
+
+    def _hint(self) -> str:
+        return ""
 
 
-class SavedVariables(Mapping):
+class SavedVariables(_View, Mapping):
     """What forward saved with ``ctx.save_for_backward(name=value)``: a read-only mapping.
 
     Read a value as ``saved.name`` (R's ``s$name``) or ``saved["name"]``; ``saved[i]`` is the
@@ -46,70 +95,32 @@ class SavedVariables(Mapping):
     the saves by name either way.
     """
 
-    __slots__ = ("_function", "_values", "_in_order", "_replaced")
-
-    def __init__(
-        self, function: str, values: dict[str, Any], in_order: tuple[Any, ...], replaced: tuple[str, ...] = ()
-    ):
-        object.__setattr__(self, "_function", function)
-        object.__setattr__(self, "_values", dict(values))
-        object.__setattr__(self, "_in_order", in_order)
-        object.__setattr__(self, "_replaced", replaced)
+    __slots__ = ()
+    _what = "ctx.saved_variables"
+    _per = "value saved"
+    _read_only = "ctx.saved_variables is read-only; save values in forward with ctx.save_for_backward(name=value)"
 
     def __getitem__(self, name: Any) -> Any:
-        if isinstance(name, int):
-            if not -len(self._in_order) <= name < len(self._in_order):
-                raise error(
-                    ContextIndexError, self._function, _out_of_range(_SAVED, name, len(self._in_order), "value saved")
-                )
-            return self._in_order[name]
-        try:
-            return self._values[name]
-        except KeyError:
-            raise error(ContextKeyError, self._function, self._unknown(name)) from None
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)  # Python's protocol look-ups (copy, pickle) stay silent
-        try:
-            return self._values[name]
-        except KeyError:
-            raise error(ContextAttributeError, self._function, self._unknown(name)) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise error(
-            AutogradFunctionTypeError,
-            self._function,
-            "ctx.saved_variables is read-only; save values in forward with ctx.save_for_backward(name=value)",
-        )
-
-    def __setitem__(self, name: Any, value: Any) -> None:
-        self.__setattr__(str(name), value)
+        return self._at(name) if isinstance(name, int) else self._named(name, ContextKeyError)
 
     def __delitem__(self, name: Any) -> None:
         self.__setattr__(str(name), None)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._values if self._values or not self._in_order else self._in_order)
-
-    def __len__(self) -> int:
-        return len(self._values if self._values or not self._in_order else self._in_order)
-
-    def keys(self) -> Any:
-        return self._values.keys()
+        return iter(self._names if self._names or not self._positions else self._positions)
 
     def __repr__(self) -> str:
-        return f"SavedVariables({', '.join(self._values)})"
+        return f"SavedVariables({', '.join(self._names)})"
 
     def _unknown(self, name: str) -> str:
-        text = unknown_name("ctx.saved_variables", name, self._values)
+        text = super()._unknown(name)
         if name in self._replaced:  # R code saving one value per call
             text = text.removesuffix(".") + (
                 f" ('{name}' was saved by an earlier ctx.save_for_backward call, and each call replaces what the "
                 "earlier ones saved: save everything in one call, ctx.save_for_backward(a=a, b=b))"
             )
-        elif not self._values and self._in_order:  # saved by position (PyTorch's form)
-            count = len(self._in_order)
+        elif not self._names and self._positions:  # saved by position (PyTorch's form)
+            count = len(self._positions)
             text = text.removesuffix(".") + f" (forward saved {count} value(s) by position: read them as "
             text += "ctx.saved_tensors[i], or save by name, ctx.save_for_backward(x=x))"
         return text
@@ -119,6 +130,8 @@ class SavedTensors(tuple):
     """``ctx.saved_tensors``: a tuple, whose position past the end is named as the context's own are."""
 
     _function: str
+    _what = "ctx.saved_tensors"
+    _per = "value saved"
 
     def __new__(cls, function: str, values: tuple[Any, ...]) -> SavedTensors:
         saved = super().__new__(cls, values)
@@ -129,15 +142,14 @@ class SavedTensors(tuple):
         return (tuple, (tuple(self),))
 
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, int) and not -len(self) <= key < len(self):
-            raise error(
-                ContextIndexError,
-                self._function,
-                _out_of_range("ctx.saved_tensors", key, len(self), "value saved")
-                + " (in backward: what forward saved with ctx.save_for_backward; in a jvp rule: what it saved "
-                "with ctx.save_for_forward)",
-            )
+        _check_position(self, len(self), key)
         return tuple.__getitem__(self, key)
+
+    def _hint(self) -> str:
+        return (
+            " (in backward: what forward saved with ctx.save_for_backward; in a jvp rule: what it saved "
+            "with ctx.save_for_forward)"
+        )
 
 
 # a container for JAX as the tuple it is (tree_map, jit arguments), its children unflattened as a tuple
@@ -148,7 +160,7 @@ jax.tree_util.register_pytree_node(
 )
 
 
-class NeedsInputGrad(Sequence):
+class NeedsInputGrad(_View, Sequence):
     """Whether JAX differentiates with respect to each parameter, in this trace.
 
     By name as an attribute (R: ``ctx.needs_input_grad.input``) or key
@@ -157,72 +169,43 @@ class NeedsInputGrad(Sequence):
     once per element). ``"input" in ctx.needs_input_grad`` asks for a name.
     """
 
-    __slots__ = ("_function", "_flags", "_by_position")
-
-    def __init__(self, function: str, flags: dict[str, bool], by_position: tuple[bool, ...] | None = None):
-        object.__setattr__(self, "_function", function)
-        object.__setattr__(self, "_flags", dict(flags))
-        object.__setattr__(self, "_by_position", tuple(flags.values()) if by_position is None else by_position)
+    __slots__ = ()
+    _what = "ctx.needs_input_grad"
+    _per = "argument of forward after ctx"
+    _read_only = "ctx.needs_input_grad is read-only"
 
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            try:
-                return self._flags[key]
-            except KeyError:
-                raise error(ContextKeyError, self._function, self._unknown(key)) from None
-        if isinstance(key, int) and not -len(self._by_position) <= key < len(self._by_position):
-            raise error(ContextIndexError, self._function, self._out_of_range(key))
-        return self._by_position[key]
+        return self._named(key, ContextKeyError) if isinstance(key, str) else self._at(key)
 
     def __iter__(self) -> Iterator[bool]:
-        return iter(self._by_position)
-
-    def __getattr__(self, name: str) -> bool:
-        if name.startswith("__"):
-            raise AttributeError(name)  # Python's protocol look-ups stay silent
-        try:
-            return self._flags[name]
-        except KeyError:
-            raise error(ContextAttributeError, self._function, self._unknown(name)) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise error(AutogradFunctionTypeError, self._function, "ctx.needs_input_grad is read-only")
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.__setattr__(str(key), value)
+        return iter(self._positions)
 
     def __contains__(self, item: object) -> bool:
-        return item in self._flags if isinstance(item, str) else item in self._by_position
-
-    def __len__(self) -> int:
-        return len(self._by_position)
-
-    def keys(self):
-        return self._flags.keys()
+        return item in self._names if isinstance(item, str) else item in self._positions
 
     def __repr__(self) -> str:
-        return "NeedsInputGrad(" + ", ".join(f"{k}={v}" for k, v in self._flags.items()) + ")"
+        return "NeedsInputGrad(" + ", ".join(f"{k}={v}" for k, v in self._names.items()) + ")"
 
-    def _unknown(self, name: str) -> str:
-        return unknown_name("ctx.needs_input_grad", name, self._flags)
-
-    def _out_of_range(self, index: int) -> str:
-        count = len(self._by_position)
-        names = ", ".join(map(repr, self._flags)) or "none"
+    def _hint(self) -> str:
+        names = ", ".join(map(repr, self._names)) or "none"
         return (
-            _out_of_range("ctx.needs_input_grad", index, count, "argument of forward after ctx")
-            + f" (the parameters are {names}; each element of a *args parameter counts as one); or ask by name, "
+            f" (the parameters are {names}; each element of a *args parameter counts as one); or ask by name, "
             "ctx.needs_input_grad.<name>"
         )
 
 
-def _out_of_range(what: str, index: int, count: int, per: str) -> str:
-    """The sentence for a position past the end of ``count`` entries, one ``per`` something."""
-    positions = (
-        "it has none" if count == 0 else "the only position is 0" if count == 1 else f"positions are 0 to {count - 1}"
-    )
-    entries = f"{count} entr{'y' if count == 1 else 'ies'}"
-    return f"{what}[{index}] is out of range: it has {entries}, one per {per}, so {positions}"
+def _check_position(view: Any, count: int, index: Any) -> None:
+    """Refuse an int ``index`` past the end of a view's ``count`` entries, one ``view._per``
+    something, naming the view (``view._what``) and what it holds (``view._hint()``)."""
+    if isinstance(index, int) and not -count <= index < count:
+        positions = f"positions are 0 to {count - 1}" if count > 1 else ("it has none", "the only position is 0")[count]
+        entries = f"{count} entr{'y' if count == 1 else 'ies'}"
+        raise error(
+            ContextIndexError,
+            view._function,
+            f"{view._what}[{index}] is out of range: it has {entries}, one per {view._per}, so {positions}"
+            + view._hint(),
+        )
 
 
 class Marked(list):
@@ -272,19 +255,16 @@ class _State:
     def holding(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
         """A copy past forward, without the call's inputs, holding these saved values: ``()`` and
         ``{}`` for the part kept per trace, the saved values again for backward or a jvp rule."""
-        return _State(
-            self.function,
-            self.needs,
-            self.needs_by_position,
-            (),
-            False,
-            positional,
-            named,
-            (),
-            {},
-            self.non_differentiable,
-            self.materialize,
-            replaced=self.replaced,
+        return dataclasses.replace(
+            self,
+            inputs=(),
+            in_forward=False,
+            positional=positional,
+            named=named,
+            forward_positional=(),
+            forward_named={},
+            perturbed=(),
+            parameters=((), ()),
         )
 
 
@@ -334,9 +314,13 @@ class Context:
         perturbed: tuple[bool, ...] = (),
     ):
         by_position = tuple(needs_input_grad.values()) if needs_by_position is None else needs_by_position
-        state = _State(function, needs_input_grad, by_position, inputs, perturbed=perturbed)
+        self._hold(_State(function, needs_input_grad, by_position, inputs, perturbed=perturbed), {})
+
+    def _hold(self, state: _State, attrs: dict[str, Any]) -> Context:
+        """Set the context's state and attributes (past ``__setattr__``, which guards the user's)."""
         object.__setattr__(self, "_state", state)
-        object.__setattr__(self, "_attrs", {})
+        object.__setattr__(self, "_attrs", attrs)
+        return self
 
     # -- forward-only methods --------------------------------------------------------------
     def save_for_backward(self, *values: Any, **named: Any) -> None:
@@ -492,11 +476,6 @@ class Context:
                 AutogradFunctionTypeError, self._state.function, f"ctx.{method}() can only be called in forward"
             )
 
-    def _end_forward(self) -> None:
-        self._state.in_forward = False
-        self._state.inputs = ()
-        self._state.parameters = ((), ())
-
     def _bind_parameters(self, names: Sequence[str], values: Sequence[Any]) -> None:
         """Forward's parameters by name, while it runs (what ``mark_non_differentiable`` names)."""
         self._state.parameters = (names, values)
@@ -523,11 +502,8 @@ class Context:
         """The backward-side context, rebuilt from ``to_residuals``'s two parts."""
         positional, named, attrs = remainder.join(arrays)
         named_keys, attr_keys = remainder.names
-        ctx = cls.__new__(cls)
         state = remainder.state.holding(positional, dict(zip(named_keys, named)))
-        object.__setattr__(ctx, "_state", state)
-        object.__setattr__(ctx, "_attrs", dict(zip(attr_keys, attrs)))
-        return ctx
+        return cls.__new__(cls)._hold(state, dict(zip(attr_keys, attrs)))
 
 
 # The context's own names, derived from the class: none of them can be set as an attribute.
@@ -537,8 +513,7 @@ _OWN_NAMES = frozenset(name for name in dir(Context) if not name.startswith("__"
 def _save_name(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]]) -> str:
     """A saved array's name: its position (``0``), save name (``input``) or attribute (``scale``),
     then its key path inside a saved pytree (``params.w``)."""
-    group, index = path[0].idx, path[1].idx
-    head = str(index) if group == 0 else names[group - 1][index]
+    group, head = _where(path, names)
     parts = [_key_text(key) for key in path[2:]]
     if group == 2 and head == CLOSED_OVER and parts:  # a closed-over value: named as the parameter it became
         return ".".join(parts)
@@ -551,21 +526,20 @@ CLOSED_OVER = "jaxfn_closed_over"  # the ctx attribute holding what forward and 
 def _key_text(key: Any) -> str:
     """One step of a key path, as a name part: ``params.w``, ``layers.0`` (no quotes or brackets,
     which JAX's residual report and policy names keep as written)."""
-    for attribute in ("key", "idx", "name"):
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
+    return next((str(getattr(key, a)) for a in ("key", "idx", "name") if hasattr(key, a)), str(key))
+
+
+def _where(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[int, str]:
+    """Where a held leaf is: its group (0 saved by position, 1 by name, 2 an attribute), and its
+    position, save name or attribute name there."""
+    group, index = path[0].idx, path[1].idx
+    return group, str(index) if group == 0 else names[group - 1][index]
 
 
 def _hidden_tracer(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]], leaf: Any) -> str:
     """The sentence for an array hidden inside an object that JAX can't see into."""
-    group, index = path[0].idx, path[1].idx
-    if group == 0:
-        where = f"ctx.saved_tensors[{index}]"
-    elif group == 1:
-        where = f"saved value '{names[0][index]}'"
-    else:
-        where = f"ctx.{names[1][index]}"
+    group, head = _where(path, names)
+    where = ("ctx.saved_tensors[{}]", "saved value '{}'", "ctx.{}")[group].format(head)
     return (
         f"{where} is {type_name(leaf)} that holds arrays JAX is tracing, but JAX carries arrays from forward to "
         "backward only as pytree leaves, so they would leak out of this trace; save the arrays themselves "
@@ -581,18 +555,17 @@ def _hidden_tracer(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]], 
 def end_forward(ctx: Context) -> list[Any]:
     """Close forward's part of ``ctx`` (its forward-only methods refuse from now on); the outputs
     forward marked non-differentiable. What the rule and the host builder call after forward."""
-    ctx._end_forward()
+    ctx._state.in_forward = False
+    ctx._state.inputs = ()
+    ctx._state.parameters = ((), ())
     return non_differentiable(ctx)
 
 
 def for_jvp(ctx: Context) -> Context:
     """The context a user's ``jvp`` reads: what forward saved with ``ctx.save_for_forward`` as
     its saved values, and forward's attributes."""
-    state = ctx._state
-    view = Context.__new__(Context)
-    object.__setattr__(view, "_state", state.holding(state.forward_positional, dict(state.forward_named)))
-    object.__setattr__(view, "_attrs", dict(ctx._attrs))
-    return view
+    state = ctx._state.holding(ctx._state.forward_positional, dict(ctx._state.forward_named))
+    return Context.__new__(Context)._hold(state, dict(ctx._attrs))
 
 
 def perturbed(ctx: Context) -> tuple[bool, ...]:

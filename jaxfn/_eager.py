@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from . import _jax_private, _keys, _rule, _split
-from ._arguments import STATIC, Arguments
+from ._arguments import Arguments
 from ._errors import AutogradFunctionTypeError, error, type_name
 
 
@@ -129,13 +129,18 @@ class _Signature:
 
 
 def _signature_key(name: str, args: Arguments) -> Any:
-    statics = []
-    for position, (value, kind) in enumerate(zip(args.statics, args.kinds)):
-        if kind == STATIC:
-            statics.append(_static_key(name, args, position, value))
-    structure = _keys.structure_key(args.treedef)
+    """The call's strict key (``_keys.split_key``); where it has none, refused naming the value."""
     try:
-        hash(structure)
+        return _keys.split_key(args, args.kinds)
+    except _keys.Unkeyable as err:
+        (leaf,) = err.args
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"with jit=True each static argument is part of the compiled call's key, as for jax.jit's static "
+            f"arguments, so it must be hashable, but '{args.paths[leaf]}' is {type_name(args.statics[leaf])}, which "
+            "is not; pass a hashable value (a tuple, a frozen dataclass), or drop jit=True to run forward op by op",
+        ) from None
     except TypeError:
         unhashable = [n for n, child in zip(args.names, args.treedef.children()) if not _hashable(child)]
         raise error(
@@ -145,7 +150,6 @@ def _signature_key(name: str, args: Arguments) -> Any:
             f"the static data of its pytree nodes must be hashable, but that of '{unhashable[0]}' is not; make the "
             "node's static (aux) data hashable (a tuple, not a list or dict), or drop jit=True",
         ) from None
-    return structure, args.kinds, tuple(statics)
 
 
 def _hashable(treedef: Any) -> bool:
@@ -154,17 +158,3 @@ def _hashable(treedef: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _static_key(name: str, args: Arguments, position: int, value: Any) -> Any:
-    """A static value's key (``_keys.static_key``); an unhashable one is refused naming it."""
-    try:
-        return _keys.static_key(value)
-    except _keys.Unkeyable:
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"with jit=True each static argument is part of the compiled call's key, as for jax.jit's static "
-            f"arguments, so it must be hashable, but '{args.paths[position]}' is {type_name(value)}, which is not; "
-            "pass a hashable value (a tuple, a frozen dataclass), or drop jit=True to run forward op by op",
-        ) from None

@@ -209,13 +209,13 @@ class HostFunction:
 
 
 def _signature_key(args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> Any:
-    """What a probe depends on; None when a static value has no key (then each call probes)."""
+    """What a probe depends on; None when the call has no key (then each call probes)."""
     try:
-        statics = [_keys.static_key(value) for value, kind in zip(args.statics, args.kinds) if kind == STATIC]
-    except _keys.Unkeyable:
+        key = _keys.split_key(args, args.kinds)
+    except (_keys.Unkeyable, TypeError):
         return None
     shapes = tuple((tuple(np.shape(a)), str(jax.dtypes.canonicalize_dtype(a.dtype))) for a in arrays)
-    return (_keys.structure_key(args.treedef), args.kinds, tuple(statics), shapes, flags, _jax_private.x64())
+    return key, shapes, flags, _jax_private.x64()
 
 
 # -- on the host ---------------------------------------------------------------------------------

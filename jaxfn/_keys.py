@@ -84,3 +84,20 @@ def _data_key(data: Any) -> Any:
         return value_key(data)
     except Unkeyable:
         return type(data), data  # hashable aux data JAX already compares with ==
+
+
+def split_key(parts: Any, kinds: Any = None) -> Any:
+    """The strict key of a ``_split.Split`` (a call's arguments, a closure's call): its structure
+    (``structure_key``), which leaves are arrays (or ``kinds``, finer), and each Python value's
+    ``static_key``; its arrays' shapes and dtypes are not in it. Raises ``Unkeyable(leaf index)``
+    for a Python value with no key, ``TypeError`` for an unhashable structure."""
+    statics = []
+    for leaf, (value, array) in enumerate(zip(parts.statics, parts.is_array)):
+        if not array:
+            try:
+                statics.append(static_key(value))
+            except Unkeyable:
+                raise Unkeyable(leaf) from None
+    structure = structure_key(parts.treedef)
+    hash(structure)
+    return structure, parts.is_array if kinds is None else kinds, tuple(statics)

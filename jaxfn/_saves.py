@@ -148,7 +148,6 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     differentiated, arrays = _arrays_only(f, args, kwargs)
     with _collecting() as records:
         rows = _jax_private.saved_residuals(differentiated, *arrays[0], **arrays[1])
-    taken: dict[str, int] = {}
     report = []
     for aval, description in rows:
         shape, dtype = tuple(aval.shape), aval.dtype
@@ -156,18 +155,14 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
         if not nbytes:
             continue  # a zero-size residual (jaxfn's token telling a backward its trace) holds nothing
         name = _jax_private.residual_name(description)
-        if name is not None and (name in records or name in _KNOWN):
-            entries = records.get(name, [])
-            function, save, passthrough = (
-                entries[taken.get(name, 0)] if taken.get(name, 0) < len(entries) else _KNOWN[name]
-            )
-            taken[name] = taken.get(name, 0) + 1
-            report.append(Residual(function, save, shape, str(dtype), nbytes, "input" if passthrough else "new"))
+        if name is not None and name in _KNOWN:  # a jaxfn save (every name recorded is known too)
+            entries = records.get(name)  # this call's saves under the name, in order; else a cached trace's
+            function, save, passthrough = entries.pop(0) if entries else _KNOWN[name]
         else:
-            kind = "input" if _jax_private.residual_is_argument(description) else "new"
+            function, save, passthrough = "", description, _jax_private.residual_is_argument(description)
             if _jax_private.residual_of_custom_vjp_in(description, "jaxfn"):
-                description = "output of a jaxfn function"  # kept by the operation that reads it
-            report.append(Residual("", description, shape, str(dtype), nbytes, kind))
+                save = "output of a jaxfn function"  # kept by the operation that reads it
+        report.append(Residual(function, save, shape, str(dtype), nbytes, "input" if passthrough else "new"))
     return Report(report)
 
 
@@ -193,5 +188,5 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     """Bytes an array of this shape and dtype holds (a PRNG key: its key data's)."""
     if jnp.issubdtype(dtype, jax.dtypes.extended):
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
-        return int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
+        shape, dtype = data.shape, data.dtype
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

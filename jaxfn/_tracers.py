@@ -2,7 +2,7 @@
 
 JAX sees arrays only as pytree leaves. A tracer kept in an object's attributes, in what a
 function closes over, or deep in containers escapes its trace unseen; ``_context`` refuses such
-objects saved on ``ctx``, and ``_traced`` refuses differentiated values that forward or backward
+objects saved on ``ctx``, and ``_closures`` refuses differentiated values that forward or backward
 hold. A function passed as an argument that holds them becomes a ``Closure``: a callable pytree
 whose leaves are those values (closure conversion, as ``jax.closure_convert`` does it).
 """
@@ -21,8 +21,6 @@ from jax.core import Tracer
 
 from . import _jax_private, _keys, _split
 from ._errors import AutogradFunctionTypeError, error
-
-_PLAIN = (int, float, complex, bool, str, bytes, type(None))
 
 
 def holds_tracer(value: Any, wanted: Callable[[Tracer], bool] | None = None) -> bool:
@@ -68,24 +66,17 @@ def _tracers(value: Any, wanted: Callable[[Tracer], bool] | None) -> Iterator[Tr
 def cells_holding(function: Any, wanted: Callable[[Tracer], bool]) -> dict[str, Any]:
     """What a plain function closes over that holds tracers ``wanted`` accepts: by the name its
     code gives each (``co_freevars``). Empty for anything but a plain function."""
-    if type(function) is not types.FunctionType or not function.__closure__:
-        return {}
-    return {
-        name: cell.cell_contents
-        for name, cell in zip(function.__code__.co_freevars, function.__closure__)
-        if cell != _EMPTY_CELL and holds_tracer(cell.cell_contents, wanted)
-    }
+    cells = _cells(function).items()
+    return {name: cell.cell_contents for name, cell in cells if holds_tracer(cell.cell_contents, wanted)}
 
 
 def with_cells(function: Any, values: dict[str, Any]) -> Any:
     """A copy of a plain function whose closure reads ``values`` (by name) in place of what it
     closes over; the function itself where it closes over none of them."""
-    if type(function) is not types.FunctionType or not function.__closure__:
+    closed = _cells(function, empty=True)
+    if not set(closed) & set(values):
         return function
-    names = function.__code__.co_freevars
-    if not set(names) & set(values):
-        return function
-    cells = tuple(types.CellType(values[n]) if n in values else c for n, c in zip(names, function.__closure__))
+    cells = tuple(types.CellType(values[n]) if n in values else c for n, c in closed.items())
     copy = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__, cells)
     copy.__kwdefaults__, copy.__qualname__ = function.__kwdefaults__, function.__qualname__
     copy.__dict__.update(function.__dict__)
@@ -128,15 +119,10 @@ class Closure:
             return self.function(*args, **kwargs)  # where it was made: nothing to replace
         arrays, parts = _split.split((args, kwargs))
         try:
-            key: Any = (
-                parts.treedef,
-                parts.is_array,
-                tuple(map(_keys.static_key, parts.statics)),
-                tuple(map(jax.typeof, arrays)),
-            )
-        except _keys.Unkeyable:
+            key: Any = (_keys.split_key(parts), tuple(map(jax.typeof, arrays)))
+        except (_keys.Unkeyable, TypeError):
             key = None
-        program = self.held.programs.get(key) if key is not None else None
+        program = self.held.programs.get(key)  # None is never a key: an unkeyable call traces again
         if program is None:
             function = self.function
 
@@ -197,15 +183,9 @@ class _Held:
         index = {id(t): i for i, t in enumerate(self.tracers)}
         return jaxpr, [index[id(c)] if id(c) in index else (c,) for c in consts], out_tree
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __hash__(self) -> int:
-        return id(self)
-
 
 # Not walked: a module's or class's namespace is not an object's own state (it would be the whole program).
-_OPAQUE = (*_PLAIN, type, types.ModuleType, jax.Array)
+_OPAQUE = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType, jax.Array)
 
 
 def _parts(value: Any) -> list[Any]:
@@ -220,13 +200,9 @@ def _parts(value: Any) -> list[Any]:
         return [*value.keys(), *value.values()]
     if isinstance(value, np.ndarray):
         return list(value.flat) if value.dtype == object else []
-    parts: list[Any] = []
     attributes = getattr(value, "__dict__", None)
-    if isinstance(attributes, dict):
-        parts.extend(attributes.values())
-    for cls in type(value).__mro__:
-        for slot in _slot_names(cls):
-            parts.append(getattr(value, slot, None))
+    parts = list(attributes.values()) if isinstance(attributes, dict) else []
+    parts.extend(getattr(value, slot, None) for cls in type(value).__mro__ for slot in _slot_names(cls))
     if isinstance(value, functools.partial):
         parts.extend([value.func, *value.args, *value.keywords.values()])
     elif isinstance(value, types.MethodType):
@@ -239,14 +215,18 @@ def _parts(value: Any) -> list[Any]:
 
 def _function_parts(function: types.FunctionType) -> list[Any]:
     """What a function holds: its closure's cells, its defaults and its attributes."""
-    parts: list[Any] = [cell.cell_contents for cell in function.__closure__ or () if cell != _EMPTY_CELL]
-    if function.__defaults__:
-        parts.extend(function.__defaults__)
-    if function.__kwdefaults__:
-        parts.extend(function.__kwdefaults__.values())
-    if function.__dict__:
-        parts.extend(function.__dict__.values())
-    return parts
+    cells = [cell.cell_contents for cell in _cells(function).values()]
+    defaults = [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    return [*cells, *defaults, *function.__dict__.values()]
+
+
+def _cells(function: Any, empty: bool = False) -> dict[str, types.CellType]:
+    """A plain function's closure, by the name its code gives each cell (``co_freevars``): the
+    cells filled, or with ``empty`` every one; empty for anything but a plain function."""
+    if type(function) is not types.FunctionType or not function.__closure__:
+        return {}
+    cells = zip(function.__code__.co_freevars, function.__closure__)
+    return {name: cell for name, cell in cells if empty or cell != _EMPTY_CELL}
 
 
 _EMPTY_CELL = types.CellType()  # a cell not yet filled, which can't be read
