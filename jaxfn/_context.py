@@ -80,6 +80,9 @@ class _View:
     def _hint(self) -> str:
         return ""
 
+    def __reduce__(self) -> Any:  # copy and pickle make the same view (its slots are read-only)
+        return type(self), (self._function, self._names, self._positions, self._replaced)
+
 
 class SavedVariables(_View, Mapping):
     """What forward saved with ``ctx.save_for_backward(name=value)``: a read-only mapping.

@@ -345,3 +345,22 @@ def test_a_static_forward_taking_self_as_its_context_works_as_in_old_pytorch_cod
 
     x = jnp.array([0.5, 1.0])
     np.testing.assert_allclose(jax.grad(lambda x: Exp.apply(x).sum())(x), jnp.exp(x), rtol=1e-6)
+
+
+def test_saved_variables_and_needs_input_grad_copy_and_pickle_as_themselves():
+    """A backward may copy the views (copy.copy, copy.deepcopy, pickle): each gives the same view
+    (they recursed without end before)."""
+    import copy
+    import pickle
+
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x=x)
+        return x * y
+
+    def backward(ctx, grad):
+        saved, needs = copy.copy(ctx.saved_variables), copy.deepcopy(ctx.needs_input_grad)
+        assert list(pickle.loads(pickle.dumps(needs))) == list(needs) == [True, False]
+        return {"x": grad * 2 * saved.x}
+
+    f = jaxfn.autograd_function(forward, backward, name="f")
+    assert float(jax.grad(lambda x: f(x, 3.0))(2.0)) == 4.0
