@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import jax
@@ -129,7 +129,7 @@ def outputs(name: str, out: Any) -> None:
     check(name, "forward", [(f"output{jax.tree_util.keystr(p)}" if p else "its output", x) for p, x in with_paths])
 
 
-def grad_outputs(name: str, grad_outputs: tuple[Any, ...]) -> None:
+def grad_outputs(name: str, grad_outputs: Sequence[Any]) -> None:
     """Check the grad_outputs backward is about to get: a NaN/Inf there comes from after this
     function (a ``log(0)`` downstream), so it is reported as that, not as backward's fault."""
     labels = ["grad_output"] if len(grad_outputs) == 1 else [f"grad_output {i}" for i in range(len(grad_outputs))]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
+import itertools
 from typing import Any
 
 import jax
@@ -39,23 +40,10 @@ from ._tracers import Closure
 
 DIFF, ARRAY, STATIC = "differentiable", "array", "static"
 
-_KIND_OF_DTYPE: dict[Any, str] = {}  # a cache: classifying a dtype costs more than a look-up
-
-
-def is_inexact(dtype: Any) -> bool:
-    """Whether ``dtype`` is differentiable in JAX's dtype lattice (bfloat16 and float8 included)."""
-    return dtype_kind(dtype) == DIFF
-
-
-def dtype_kind(dtype: Any) -> str:
-    """DIFF, ARRAY or STATIC for an array of this dtype."""
-    kind = _KIND_OF_DTYPE.get(dtype)
-    if kind is None:
-        kind = _KIND_OF_DTYPE[dtype] = _classify(dtype)
-    return kind
-
 
 def _classify(dtype: Any) -> str:
+    """DIFF, ARRAY or STATIC for an array of this dtype (DIFF: differentiable in JAX's dtype
+    lattice, bfloat16 and float8 included)."""
     if jnp.issubdtype(dtype, jax.dtypes.extended):  # JAX's own tangent types decide: a PRNG key has none,
         return DIFF if _jax_private.has_tangent(dtype) else ARRAY  # Flax's fp8 fm32 scales are their own
     if jnp.issubdtype(dtype, jnp.inexact):  # JAX's lattice knows the ml_dtypes floats
@@ -65,11 +53,20 @@ def _classify(dtype: Any) -> str:
     return STATIC  # strings, objects, datetimes: not something JAX can hold
 
 
+class _Kinds(dict[Any, str]):
+    """A cache of ``_classify``: classifying a dtype costs more than a look-up."""
+
+    def __missing__(self, dtype: Any) -> str:
+        self[dtype] = kind = _classify(dtype)
+        return kind
+
+
+dtype_kind = _Kinds().__getitem__  # DIFF, ARRAY or STATIC for an array of this dtype (``_classify``), cached
+
+
 def leaf_kind(leaf: Any) -> str:
     """DIFF, ARRAY or STATIC, for one leaf of an argument."""
-    if isinstance(leaf, (jax.Array, np.ndarray)):
-        return dtype_kind(leaf.dtype)
-    return STATIC
+    return dtype_kind(leaf.dtype) if isinstance(leaf, (jax.Array, np.ndarray)) else STATIC
 
 
 class _cached:  # noqa: N801 - used as a decorator, like functools.cached_property
@@ -143,15 +140,13 @@ class Arguments(Split):
         """The arguments as PyTorch counts them: (parameter, None), or (parameter, i) for each
         element of a ``*args`` parameter; not what forward or backward closes over (``implicit``,
         by name only). A tuple returned by backward has one entry per slot."""
-        slots: list[tuple[int, int | None]] = []
-        for position, (name, child) in enumerate(zip(self.names, self.treedef.children())):
-            if name in self.implicit:  # a closed-over value is named, never counted (SPEC 15)
-                continue
-            if name == self.varargs:
-                slots.extend((position, i) for i in range(len(child.children())))
-            else:
-                slots.append((position, None))
-        return tuple(slots)
+        children = self.treedef.children()
+        return tuple(
+            (position, index)
+            for position, name in enumerate(self.names)
+            if name not in self.implicit  # a closed-over value is named, never counted (SPEC 15)
+            for index in (range(len(children[position].children())) if name == self.varargs else (None,))
+        )
 
     def slot_name(self, slot: tuple[int, int | None]) -> str:
         position, index = slot
@@ -160,8 +155,7 @@ class Arguments(Split):
     def structure(self) -> Arguments:
         """The same call without its array values, to keep in closures without holding arrays."""
         copy = object.__new__(Arguments)  # dataclasses.replace, without its cost on every traced call
-        copy.__dict__.update(self.__dict__)  # what is derived from the structure alone is kept too
-        copy.__dict__["arrays"] = ()
+        copy.__dict__.update(self.__dict__, arrays=())  # what is derived from the structure alone is kept too
         return copy
 
     @_cached
@@ -209,9 +203,8 @@ class Arguments(Split):
         arrays = iter(self.arrays)
         values = [leaves.get(i, next(arrays) if a else s) for i, (a, s) in enumerate(zip(self.is_array, self.statics))]
         bound = dict(zip(self.names, tree_unflatten(self.treedef, values)))
-        added = tuple(implicit or ())
-        split_ = split({**bound, **(implicit or {})}, self.varargs)
-        return dataclasses.replace(split_, implicit=self.implicit + added)
+        implicit = implicit or {}
+        return dataclasses.replace(split({**bound, **implicit}, self.varargs), implicit=self.implicit + tuple(implicit))
 
     @property
     def has_containers(self) -> bool:
@@ -226,21 +219,15 @@ class Arguments(Split):
             by_leaf[leaf] = bool(flag)
         if self.varargs is None and not self.has_containers and not self.implicit:  # one leaf per parameter
             return dict(zip(self.names, by_leaf)), tuple(by_leaf)
-        by_name = dict.fromkeys(self.names, False)
-        leaf = 0
-        per_slot = []
-        for position, child in enumerate(self.treedef.children()):
-            counts = [c.num_leaves for c in child.children()] if self.names[position] == self.varargs else None
-            flags = by_leaf[leaf : leaf + child.num_leaves]
-            by_name[self.names[position]] = any(flags)
-            if self.names[position] in self.implicit:
-                pass  # a closed-over value: by name only
-            elif counts is None:
-                per_slot.append(any(flags))
-            else:
-                starts = np.cumsum([0, *counts])
-                per_slot.extend(any(flags[s:e]) for s, e in zip(starts[:-1], starts[1:]))
-            leaf += child.num_leaves
+        flags = iter(by_leaf)
+        by_name: dict[str, bool] = {}
+        per_slot: list[bool] = []
+        for name, child in zip(self.names, self.treedef.children()):
+            parts = child.children() if name == self.varargs else [child]  # its slots
+            slots = [any([*itertools.islice(flags, part.num_leaves)]) for part in parts]
+            by_name[name] = any(slots)
+            if name not in self.implicit:  # a closed-over value: by name only
+                per_slot += slots
         return by_name, tuple(per_slot)
 
 
@@ -256,11 +243,8 @@ def shape_dtypes(arrays: Any) -> list[jax.ShapeDtypeStruct]:
 
 def context_parameter(function: Any) -> inspect.Parameter | None:
     """The first positional parameter of ``function`` (where the context goes), if any."""
-    for parameter in inspect.signature(function).parameters.values():
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            return parameter
-        return None
-    return None
+    first = next(iter(inspect.signature(function).parameters.values()), None)
+    return first if first is not None and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD) else None
 
 
 def positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
@@ -328,9 +312,7 @@ def is_real_number(value: Any) -> bool:
     """Whether ``value`` is one real number: a Python, NumPy or JAX scalar (not a bool or a string)."""
     if isinstance(value, (bool, str, bytes)) or np.ndim(value) != 0:
         return False
-    return bool(
-        np.issubdtype(np.asarray(value).dtype, np.integer) or np.issubdtype(np.asarray(value).dtype, np.floating)
-    )
+    return any(np.issubdtype(np.asarray(value).dtype, kind) for kind in (np.integer, np.floating))
 
 
 def is_torch_tensor(value: Any) -> bool:
@@ -366,12 +348,11 @@ def call_forward(
     habit it raises (or a Python flag ``jax.jit`` traced) said as jaxfn's error naming ``function``
     (``_pytorch_names``). ``ctx`` keeps the parameters' names and values while forward runs."""
     ctx._bind_parameters(names, values)
-    parameters = (names, values)
     if positional:
-        return _pytorch_names.call(function, "forward", forward, (ctx, *values), None, parameters)
+        return _pytorch_names.call(function, "forward", forward, (ctx, *values), None, (names, values))
     ctx_name = next(iter(signature.parameters))
     bound = inspect.BoundArguments(signature, {ctx_name: ctx, **dict(zip(names, values))})  # type: ignore[arg-type]
-    return _pytorch_names.call(function, "forward", forward, bound.args, bound.kwargs, parameters)
+    return _pytorch_names.call(function, "forward", forward, bound.args, bound.kwargs, (names, values))
 
 
 def key_paths(treedef: Any) -> list[tuple[Any, ...]]:
@@ -434,9 +415,9 @@ def refuse_writes(function: str, names: tuple[str, ...], values: list[Any], befo
     now, treedef = tree_flatten(tuple(values))
     if treedef == handed_treedef and all(a is b for a, b in zip(now, handed)):
         return
-    first = 0
+    handed_leaves = iter(handed)
     for position, child in enumerate(handed_treedef.children()):
-        mine = handed[first : first + child.num_leaves]
+        mine = list(itertools.islice(handed_leaves, child.num_leaves))
         if tree_structure(values[position]) != child:
             what = f"'{names[position]}' ({type_name(values[position])}) gained or lost an entry"
             raise error(AutogradFunctionTypeError, function, _WRITTEN.format(what=what))
@@ -444,7 +425,6 @@ def refuse_writes(function: str, names: tuple[str, ...], values: list[Any], befo
         if replaced:
             what = f"the value at '{names[position]}{keystr(replaced[0])}' was replaced"
             raise error(AutogradFunctionTypeError, function, _WRITTEN.format(what=what))
-        first += child.num_leaves
 
 
 _WRITTEN = (

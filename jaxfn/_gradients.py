@@ -37,7 +37,8 @@ def by_parameter(
     names, slots = args.names, args.slots
     if returned is None:
         raise error(AutogradFunctionTypeError, function, _returned_none(args))
-    if isinstance(returned, Mapping) and (len(slots) != 1 or set(returned) <= set(names) or _one_leaf(args)):
+    # A dict for a one-argument call may be that argument's own gradient, unless it is a single leaf.
+    if isinstance(returned, Mapping) and (len(slots) != 1 or set(returned) <= set(names) or _only(args).num_nodes == 1):
         unknown = [key for key in returned if key not in names]
         if unknown:
             raise error(
@@ -76,20 +77,17 @@ def _returned_none(args: Arguments) -> str:
     )
 
 
-def _one_leaf(args: Arguments) -> bool:
-    """For a one-argument call: whether that argument is a single leaf (an array), so a dict
-    returned by backward can only be keyed by parameter name, never be its own gradient."""
+def _only(args: Arguments) -> Any:
+    """For a one-argument call: the structure of that argument. A single leaf (an array) can't
+    have a dict or tuple as its own gradient: such a return is keyed by parameter name or slot."""
     position, index = args.slots[0]
     child = args.treedef.children()[position]
-    return (child.children()[index] if index is not None else child).num_nodes == 1
+    return child if index is None else child.children()[index]
 
 
 def _own_gradient(args: Arguments, returned: tuple | list) -> bool:
     """For a one-argument call: whether a tuple/list is that argument's own (pytree) gradient."""
-    position, index = args.slots[0]
-    child = args.treedef.children()[position]
-    if index is not None:
-        child = child.children()[index]
+    child = _only(args)
     return len(returned) != 1 and child.num_nodes > 1 and len(child.children()) == len(returned)
 
 
@@ -144,23 +142,16 @@ def to_cotangents(
     per_leaf: list[Any] = [None] * len(args.kinds)
     problems: list[tuple[type, str]] = []
     for position, name in enumerate(args.names):
-        if grads.get(name) is not None:
-            _spread(function, args, position, grads[name], per_leaf, problems)
-    leaves = [i for i, kind in enumerate(args.kinds) if kind != STATIC]
+        _spread(function, args, position, grads.get(name), per_leaf, problems)
     cotangents = []
-    for leaf, aval, want in zip(leaves, avals, wanted):
-        grad = per_leaf[leaf]
+    for leaf, aval, want in zip(args.array_positions, avals, wanted):
         name = args.names[args.owners[leaf]] if want and leaf in args.closed_over else None
         if name is not None and grads.get(name) is None:
             missing = (AutogradFunctionTypeError, _closure_without_gradient(name, name in args.implicit))
             if missing not in problems:  # once per function, not per value it holds
                 problems.append(missing)
-        if grad is not None and args.kinds[leaf] != DIFF:  # never differentiated: checked, then dropped
-            _check_undifferentiable_leaf(args, leaf, grad, aval, problems)
-        if grad is None or args.kinds[leaf] != DIFF:
-            cotangents.append(None)
-            continue
-        checked = _check_leaf(function, args, leaf, grad, aval, problems, asarray)
+        grad = per_leaf[leaf]
+        checked = None if grad is None else _check_leaf(function, args, leaf, grad, aval, problems, asarray)
         cotangents.append(checked if want else None)
     raise_all(problems, function)
     return cotangents
@@ -183,6 +174,11 @@ def _closure_without_gradient(name: str, implicit: bool) -> str:
     )
 
 
+def _problem(problems: list[tuple[type, str]], kind: type, sentence: str) -> None:
+    """Note one problem of backward's return (all are raised together), and give no cotangent."""
+    problems.append((kind, sentence))
+
+
 def _spread(
     function: str, args: Arguments, position: int, grad: Any, per_leaf: list[Any], problems: list[tuple[type, str]]
 ) -> None:
@@ -199,42 +195,35 @@ def _spread(
         if g is None or isinstance(g, SymbolicZero):
             continue
         if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # one leaf of the parameter
-            _place(args, g, first, per_leaf, problems)
+            if args.kinds[first] != STATIC:
+                per_leaf[first] = g
+                continue
+            _problem(
+                problems,
+                AutogradFunctionTypeError,
+                f"backward returned a gradient for '{args.paths[first]}', but it is a static "
+                f"argument ({type_name(args.statics[first])}), not an array, so it can't have one; return "
+                f"None for it, or pass a floating-point jnp array to make it differentiable.",
+            )
             continue
         g = _fill_missing_keys(g, treedef)
         children, node = jax.tree_util.tree_flatten(g, is_leaf=lambda x, g=g: x is not g)  # one level of g
         if node.num_nodes == 1 and node.num_leaves == 1:  # an array (or value) for a whole subtree
             n = treedef.num_leaves
-            problems.append(
-                (
-                    AutogradFunctionTypeError,
-                    f"backward returned {describe(g)} for '{name}', but that part of '{name}' is "
-                    f"{_node_name(treedef)}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of "
-                    "the same structure, or pass the array inside it to the function instead (a Flax nnx.Param p: "
-                    "p[...])",
-                )
+            _problem(
+                problems,
+                AutogradFunctionTypeError,
+                f"backward returned {describe(g)} for '{name}', but that part of '{name}' is "
+                f"{_node_name(treedef)}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of "
+                "the same structure, or pass the array inside it to the function instead (a Flax nnx.Param p: "
+                "p[...])",
             )
             continue
         subtrees = treedef.children()
         if not _same_node(node, treedef, len(children), len(subtrees)):
-            problems.append((AutogradFunctionTypeError, _structure_problem(name, grad, args, position)))
-            return
+            return _problem(problems, AutogradFunctionTypeError, _structure_problem(name, grad, args, position))
         starts = np.cumsum([first, *(t.num_leaves for t in subtrees)])
         pending.extend(zip(children, subtrees, starts[:-1].tolist()))
-
-
-def _place(args: Arguments, g: Any, leaf: int, per_leaf: list[Any], problems: list[tuple[type, str]]) -> None:
-    if args.kinds[leaf] == STATIC:
-        problems.append(
-            (
-                AutogradFunctionTypeError,
-                f"backward returned a gradient for '{args.paths[leaf]}', but it is a static "
-                f"argument ({type_name(args.statics[leaf])}), not an array, so it can't have one; return "
-                f"None for it, or pass a floating-point jnp array to make it differentiable.",
-            )
-        )
-    else:
-        per_leaf[leaf] = g
 
 
 def _same_node(node: Any, treedef: Any, count: int, expected: int) -> bool:
@@ -283,20 +272,18 @@ def _check_undifferentiable_leaf(
     it (not an array, or of a shape that does not broadcast to it) is refused, as a mistake."""
     where, what = args.paths[leaf], f"an array of dtype {primal.dtype}, which is never differentiated"
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
-        problems.append(
-            (
-                AutogradFunctionTypeError,
-                f"backward returned {describe(grad)} as the gradient for '{where}', but '{where}' is {what}; "
-                "return None for it",
-            )
+        _problem(
+            problems,
+            AutogradFunctionTypeError,
+            f"backward returned {describe(grad)} as the gradient for '{where}', but '{where}' is {what}; "
+            "return None for it",
         )
     elif not broadcasts_to(tuple(primal.shape), tuple(np.shape(grad))):
-        problems.append(
-            (
-                AutogradFunctionValueError,
-                f"backward returned a gradient of shape {tuple(np.shape(grad))} for '{where}', but '{where}' has "
-                f"shape {tuple(primal.shape)} and is {what}; return None for it",
-            )
+        _problem(
+            problems,
+            AutogradFunctionValueError,
+            f"backward returned a gradient of shape {tuple(np.shape(grad))} for '{where}', but '{where}' has "
+            f"shape {tuple(primal.shape)} and is {what}; return None for it",
         )
 
 
@@ -309,62 +296,55 @@ def _check_leaf(
     problems: list[tuple[type, str]],
     asarray: Callable[[Any], Any] = jnp.asarray,
 ) -> Any:
-    """The gradient of leaf ``leaf`` of ``args`` (a float or complex input), summed to its shape
-    and cast to its dtype; or None."""
+    """The gradient of leaf ``leaf`` of ``args``, summed to its shape and cast to its dtype; or
+    None, for a leaf that is never differentiated (an integer, boolean or key array: the gradient
+    is checked, then dropped) or a gradient that is refused (noted in ``problems``)."""
+    if args.kinds[leaf] != DIFF:
+        return _check_undifferentiable_leaf(args, leaf, grad, primal, problems)
     same = isinstance(grad, jax.Array) and grad.dtype == primal.dtype and grad.shape == tuple(primal.shape)
     if same and asarray is jnp.asarray:
         return grad  # the common case: nothing to convert or check (and the leaf's name is never read)
     where = args.paths[leaf]
     got = f"backward returned a gradient for '{where}' with"
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
-        problems.append(
-            (
-                AutogradFunctionTypeError,
-                f"backward returned {describe(grad)} as the gradient for '{where}', "
-                "but a gradient must be an array (or None).",
-            )
+        return _problem(
+            problems,
+            AutogradFunctionTypeError,
+            f"backward returned {describe(grad)} as the gradient for '{where}', "
+            "but a gradient must be an array (or None).",
         )
-        return None
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic)):
         grad = asarray(grad)  # a Python number: the dtype JAX gives it
     shape, dtype = tuple(primal.shape), primal.dtype
     if not jnp.issubdtype(grad.dtype, jnp.inexact):  # checked before asarray: an object array can't be one
-        problems.append(
-            (
-                AutogradFunctionTypeError,
-                f"{got} dtype {grad.dtype}, but '{where}' has dtype {dtype}; a gradient must be floating-point.",
-            )
+        return _problem(
+            problems,
+            AutogradFunctionTypeError,
+            f"{got} dtype {grad.dtype}, but '{where}' has dtype {dtype}; a gradient must be floating-point.",
         )
-        return None
     if jnp.issubdtype(grad.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
-        problems.append(
-            (
-                AutogradFunctionTypeError,
-                f"{got} complex dtype {grad.dtype}, but '{where}' is real ({dtype}); "
-                "return the real part (jnp.real) if that is the gradient you mean.",
-            )
+        return _problem(
+            problems,
+            AutogradFunctionTypeError,
+            f"{got} complex dtype {grad.dtype}, but '{where}' is real ({dtype}); "
+            "return the real part (jnp.real) if that is the gradient you mean.",
         )
-        return None
     grad = asarray(grad)
     if grad.shape != shape:
         if not broadcasts_to(shape, grad.shape):
-            problems.append(
-                (
-                    AutogradFunctionValueError,
-                    f"{got} shape {grad.shape}, but '{where}' has shape {shape}, so the shapes do not match "
-                    f"(and {shape} does not broadcast to {grad.shape}).",
-                )
+            return _problem(
+                problems,
+                AutogradFunctionValueError,
+                f"{got} shape {grad.shape}, but '{where}' has shape {shape}, so the shapes do not match "
+                f"(and {shape} does not broadcast to {grad.shape}).",
             )
-            return None
         grad = sum_to_shape(grad, shape)
     return grad if grad.dtype == dtype else grad.astype(dtype)
 
 
 def broadcasts_to(shape: tuple[Any, ...], target: tuple[Any, ...]) -> bool:
     """Whether ``shape`` broadcasts to ``target``; dimensions may be symbolic (``jax.export``)."""
-    if len(shape) > len(target):
-        return False
-    return all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))
+    return len(shape) <= len(target) and all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))
 
 
 def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:

@@ -31,14 +31,7 @@ class Outputs(Split):
     is_sequence: bool  # a tuple/list output: one grad_output per element
     function: str = "forward"  # the jaxfn function's name, for messages
 
-    @property
-    def single_array(self) -> bool:
-        """Whether the output is one bare array (nothing to rebuild)."""
-        return self.treedef.num_leaves == 1 and self.treedef.num_nodes == 1 and self.is_array == (True,)
-
-    def rebuild(self, arrays: Any) -> Any:
-        """The output pytree from its array leaves, Python values put back in place."""
-        return self.join(arrays)
+    rebuild = Split.join  # the output pytree from its array leaves, Python values put back in place
 
     def same_arrays_as(self, other: Outputs) -> bool:
         """Whether two traces of forward gave the same output structure and arrays (Python values
@@ -94,8 +87,7 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
     differentiable = tuple(id(a) not in marked and dtype_kind(a.dtype) == DIFF for a in arrays)
     arrays = [a if isinstance(a, jax.Array) else jnp.asarray(a) for a in arrays]
     avals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
-    sequence = isinstance(out, (tuple, list))
-    return arrays, Outputs(treedef, is_array, statics, avals, differentiable, sequence, function)
+    return arrays, Outputs(treedef, is_array, statics, avals, differentiable, isinstance(out, (tuple, list)), function)
 
 
 _ONE_LEAF = jax.tree_util.tree_structure(0)  # the structure of an output that is one array
@@ -183,6 +175,7 @@ def per_leaf(name: str, info: Split, is_sequence: bool, returned: Any, role: str
     backward gets them, a jvp's tangents, a vmap rule's outputs; None for a whole output) as one
     value per output leaf, read through the output's structure: a ``None`` the output holds is a
     node with no leaf, never mistaken for a missing value."""
+    parts = [(info.treedef, returned)]
     if is_sequence:
         children = info.treedef.children()
         if not isinstance(returned, (tuple, list)) or len(returned) != len(children):
@@ -193,16 +186,11 @@ def per_leaf(name: str, info: Split, is_sequence: bool, returned: Any, role: str
                 f"{what}s (None for an output without one), but it returned {type_name(returned)}"
                 + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""),
             )
-        parts = zip(children, returned)
-    else:
-        parts = zip([info.treedef], [returned])
+        parts = list(zip(children, returned))
     leaves: list[Any] = []
     for index, (treedef, value) in enumerate(parts):
-        if value is None:
-            leaves.extend([None] * treedef.num_leaves)
-            continue
         try:
-            leaves.extend(treedef.flatten_up_to(value))
+            leaves.extend([None] * treedef.num_leaves if value is None else treedef.flatten_up_to(value))
         except (TypeError, ValueError):
             raise error(
                 AutogradFunctionTypeError,
