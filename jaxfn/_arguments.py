@@ -33,7 +33,7 @@ from jax.tree_util import (
     tree_unflatten,
 )
 
-from . import _jax_private, _pytorch_names
+from . import _jax_private
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._split import Split, take
 from ._tracers import Closure
@@ -332,27 +332,6 @@ def refuse_foreign_arrays(function: str, args: Arguments) -> None:
                 f"argument '{args.paths[leaf]}' is a torch.Tensor, but a jaxfn function takes JAX or NumPy arrays; "
                 "pass jnp.asarray(t.detach().cpu().numpy()) (jaxfn.from_torch runs a PyTorch Function on JAX arrays)",
             )
-
-
-def call_forward(
-    forward: Any,
-    signature: inspect.Signature,
-    ctx: Any,
-    names: tuple[str, ...],
-    values: list[Any],
-    positional: bool = False,
-    function: str = "forward",
-) -> Any:
-    """Call the user's forward with ``ctx`` and the parameter values, as Python would bind them
-    (``positional``: forward's parameters are all plain positional, so they go in order); a PyTorch
-    habit it raises (or a Python flag ``jax.jit`` traced) said as jaxfn's error naming ``function``
-    (``_pytorch_names``). ``ctx`` keeps the parameters' names and values while forward runs."""
-    ctx._bind_parameters(names, values)
-    if positional:
-        return _pytorch_names.call(function, "forward", forward, (ctx, *values), None, (names, values))
-    ctx_name = next(iter(signature.parameters))
-    bound = inspect.BoundArguments(signature, {ctx_name: ctx, **dict(zip(names, values))})  # type: ignore[arg-type]
-    return _pytorch_names.call(function, "forward", forward, bound.args, bound.kwargs, (names, values))
 
 
 def key_paths(treedef: Any) -> list[tuple[Any, ...]]:

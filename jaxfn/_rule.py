@@ -271,10 +271,15 @@ def forward_with_context(
     values = args.values(arrays)
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
     before = jax.tree_util.tree_flatten(tuple(values)) if args.has_containers else None
-    positional = definition.positional is not None  # every parameter plain positional (so no *args)
-    out = _arguments.call_forward(
-        definition.forward, definition.signature, ctx, args.names, values, positional, definition.name
-    )
+    ctx._bind_parameters(args.names, values)  # forward's parameters by name while it runs (messages)
+    if definition.positional is not None:  # every parameter plain positional (so no *args): in order
+        given, named = (ctx, *values), None
+    else:  # as Python binds them
+        ctx_name = next(iter(definition.signature.parameters))
+        parameters = {ctx_name: ctx, **dict(zip(args.names, values))}
+        bound = inspect.BoundArguments(definition.signature, parameters)  # type: ignore[arg-type]
+        given, named = bound.args, bound.kwargs
+    out = _pytorch_names.call(definition.name, "forward", definition.forward, given, named, (args.names, values))
     if before is not None:
         _arguments.refuse_writes(definition.name, args.names, values, before)
     return ctx, out, _context.end_forward(ctx)
