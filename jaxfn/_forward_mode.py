@@ -47,7 +47,7 @@ from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import ClosedJaxpr, Var, jaxpr_as_fun
 
 from . import _arguments, _context, _jax_private, _linear, _outputs, _rule, _saves, _tie
-from ._arguments import DIFF, Arguments, dtype_kind
+from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
 from ._outputs import Described, Outputs
@@ -97,19 +97,14 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 
         def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
             """The user's backward: the transpose of the tangent map (JAX's reverse mode)."""
-            per_output: list[Any] = [SymbolicZero(None)] * len(info.avals)  # type: ignore[arg-type]
-            for i, ct in zip(outs, cotangents):
-                if ct is not None:
-                    per_output[i] = ct
+            per_output = _rule.replaced([None] * len(info.avals), outs, cotangents)  # None: none flows
             backward_ctx = Context.from_residuals(list(residuals[: len(named)]), remainder)
             cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed, varying)
             return [cts[i] for i in wanted]
 
         def user_jvp(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: the user's jvp, on the context forward left for it."""
-            full: list[Any] = [None] * len(primals)
-            for i, t in zip(wanted, given):
-                full[i] = t
+            full = _rule.replaced([None] * len(primals), wanted, given)
             handed = tangents_by_slot(args, tuple(avals), full, ctx.materialize_grads)
             jvp = definition.jvp
             assert jvp is not None and view_remainder is not None  # chosen only with a jvp rule
@@ -119,20 +114,28 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 
         def derived(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: backward transposed, gated (its checks run where tangents are made)."""
-            pullback = _pullback(backward, primals, wanted)
+
+            def pullback(*cotangents: Any) -> list[Any]:  # backward, zeros (not None) where it gives none
+                cts = backward(residuals, cotangents)
+                return [_rule.zeros_like(primals[i]) if ct is None else ct for i, ct in zip(wanted, cts)]
+
             examples = [_rule.zeros_like(out[i]) for i in outs]
             with _rule.plain_forward(), _jax_private.anomaly_context(False):
-                transpose = _linear_transpose(definition.name, lambda *c: pullback(residuals, c), examples)
+                transpose = _linear_transpose(definition.name, pullback, examples)
                 out_tangents = _transposed(definition.name, transpose, list(given))
-                _check_offset(definition.name, lambda *c: pullback(residuals, c), examples, names)
+                _check_offset(definition.name, pullback, examples, names)
             return list(out_tangents)
 
         residuals = (*named, *view)  # backward's saved arrays, then the jvp's
         tangent_map = derived if definition.jvp is None else user_jvp
         given = tuple(tangents[i] for i in wanted)
-        computed = _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
+        computed = iter(
+            _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
+        )
+        # one tangent per array output: the map's, zeros (float0 for integers) elsewhere
+        all_tangents = tuple(next(computed) if d else _linear.zeros(a) for d, a in zip(info.differentiable, info.avals))
         described = Described(info)
-        return (tuple(out), described), (tuple(_all_tangents(info, outs, computed)), described)
+        return (tuple(out), described), (all_tangents, described)
 
     primal.defjvp(jvp, symbolic_zeros=True)
 
@@ -200,7 +203,7 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
     they are concrete, and on probe values standing in for every one of them. The values are
     computed in a thread of their own, where no JAX trace is active (JAX's trace state is per
     thread), so they are concrete under ``jit`` too and nothing reaches the compiled program."""
-    if not all(_holds_zero(e.dtype) for e in examples):
+    if not all(np.abs(np.zeros((), e.dtype)) == 0 for e in examples):
         return  # float8_e8m0fnu has no zero: there is no zero cotangent to try (the README says so)
     closed = jax.make_jaxpr(pullback)(*examples)
     cast = _cast_of_grad_output(closed.jaxpr, set(closed.jaxpr.invars))
@@ -225,8 +228,7 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
 
     def offsets() -> list[list[np.ndarray]]:  # in a thread of its own: no outer trace there
         with jax.enable_x64(x64):
-            candidates = [_probe(closed.consts, arrays, kind) for kind in probes]
-            candidates = ([real] if real is not None else []) + candidates
+            candidates = ([real] if real is not None else []) + [_probe(closed.consts, arrays, k) for k in probes]
             run = [jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*zeros) for consts in candidates]
             return [[np.asarray(o) for o in out] for out in run]
 
@@ -268,10 +270,6 @@ def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
     return None
 
 
-def _holds_zero(dtype: Any) -> bool:
-    return bool(np.abs(np.zeros((), dtype)) == 0)
-
-
 def _probe(consts: list[Any], arrays: list[bool], kind: str) -> list[Any]:
     """Stand-ins for the arrays backward reads, whatever they hold (under ``jit`` nobody knows)."""
     rng = np.random.default_rng(0)
@@ -292,31 +290,6 @@ def _stand_in(rng: np.random.Generator, const: Any, kind: str) -> Any:
     if jnp.issubdtype(dtype, jnp.complexfloating):
         normal = normal + 1j * rng.standard_normal(shape)
     return jnp.asarray({"normal": normal, "negated": -normal, "ones": np.ones(shape)}[kind], dtype)
-
-
-def _pullback(backward: Callable[..., list[Any]], primals: Any, wanted: list[int]) -> Callable[..., list[Any]]:
-    """Backward on (residuals, the differentiable outputs' cotangents), with zeros (not None) for
-    the inputs it gives no gradient."""
-
-    def pullback(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
-        cts = backward(residuals, cotangents)
-        return [_rule.zeros_like(primals[i]) if ct is None else ct for i, ct in zip(wanted, cts)]
-
-    return pullback
-
-
-def _all_tangents(info: Outputs, outs: list[int], out_tangents: Any) -> list[Any]:
-    """One tangent per array output: the transposed ones, zeros (float0 for integers) elsewhere."""
-    by_output = dict(zip(outs, out_tangents))
-    tangents = []
-    for i, aval in enumerate(info.avals):
-        if i in by_output:
-            tangents.append(by_output[i])
-        elif dtype_kind(aval.dtype) == DIFF:
-            tangents.append(jnp.zeros(aval.shape, aval.dtype))
-        else:
-            tangents.append(np.zeros(aval.shape, jax.dtypes.float0))
-    return tangents
 
 
 def tangents_by_slot(

@@ -15,6 +15,7 @@ outer differentiation of them goes through the map's and backward's operations.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -48,14 +49,15 @@ def _avals(values: Any) -> tuple[Any, ...]:
 
 def zeros(aval: Any) -> Any:
     """A zero tangent or cotangent for a value of this aval (float0 for one that is not
-    differentiated, an integer say); ``_primitive`` makes its zeros here too."""
+    differentiated, an integer say); ``_primitive`` and ``_forward_mode`` make their zeros here too."""
     if dtype_kind(aval.dtype) == DIFF:
         return jnp.zeros(aval.shape, aval.dtype)
     return np.zeros(aval.shape, jax.dtypes.float0)
 
 
 def _instantiate(values: Any, avals: Any) -> tuple[Any, ...]:
-    return tuple(zeros(a) if isinstance(v, HI_ZERO) else v for v, a in zip(values, avals))
+    """The values, with zeros for symbolic zeros and None."""
+    return tuple(zeros(a) if v is None or isinstance(v, HI_ZERO) else v for v, a in zip(values, avals))
 
 
 class Name:
@@ -69,6 +71,49 @@ class Name:
 
     def __repr__(self) -> str:
         return self.name
+
+
+class Batch:
+    """One batch rule of a hijax primitive (this module's, ``_primitive``'s): the values at their
+    batch ``dims`` moved to axis 0 (``axes``: 0, or None for a value not batched), and ``vmap``,
+    ``jax.vmap`` over that axis with every output at axis 0. ``spmd``: whether the batch's
+    ``spmd_axis_name`` is kept (``_primitive``'s rules keep it, the tangent map does not)."""
+
+    def __init__(self, axis_data: Any, dims: Any, spmd: bool = True):
+        self.size, self.dims = axis_data.size, tuple(dims)
+        self.axes = tuple(None if d is None else 0 for d in dims)
+        self.vmap = functools.partial(
+            jax.vmap,
+            out_axes=0,
+            axis_size=self.size,
+            axis_name=getattr(axis_data, "name", None),
+            spmd_axis_name=getattr(axis_data, "spmd_name", None) if spmd else None,
+        )
+
+    def front(self, values: Any) -> tuple[Any, ...]:
+        return tuple(v if d in (None, 0) else jnp.moveaxis(v, d, 0) for v, d in zip(values, self.dims))
+
+    def avals(self, avals: Any, axes: Any = None) -> tuple[Any, ...]:
+        """The avals batched at ``axes`` (every one where None)."""
+        axes = (0,) * len(avals) if axes is None else axes
+        return tuple(a if d is None else batched_aval(a, self.size) for a, d in zip(avals, axes))
+
+    def backward(self, backward: Map, res_axes: Any, axes: Any) -> Map:
+        """``backward`` (residuals, cotangents -> one cotangent or None per input) under ``vmap``:
+        the residuals batched at ``res_axes``, the cotangents given at axis 0 (None where none
+        flows); an input not batched (``axes``) gets the sum over the batch, as JAX's own batching
+        gives."""
+
+        def batched(residuals: Any, cotangents: tuple[Any, ...]) -> list[Any]:
+            present = [i for i, c in enumerate(cotangents) if c is not None]
+
+            def one(residuals: Any, given: list[Any]) -> list[Any]:
+                return list(backward(residuals, tuple(_rule.replaced([None] * len(cotangents), present, given))))
+
+            grads = self.vmap(one, in_axes=(res_axes, 0))(residuals, [cotangents[i] for i in present])
+            return [g if g is None or a == 0 else g.sum(0) for g, a in zip(grads, axes)]
+
+        return batched
 
 
 class _Linear(HI_PRIMITIVE):
@@ -98,86 +143,52 @@ class _Linear(HI_PRIMITIVE):
         out_tangents = self(residuals, _instantiate(d_ts, self.in_avals[1]))
         moved = [i for i, d in enumerate(d_residuals) if not isinstance(d, HI_ZERO)]
         if moved:  # the map is not linear in its residuals: their tangents go through its operations
-            on = _rule.of_chosen(self._on_residuals(ts), residuals, moved)
-            chosen = tuple(residuals[i] for i in moved)
-            extra = jax.jvp(on, chosen, tuple(d_residuals[i] for i in moved))[1]
+            chosen = (tuple(residuals[i] for i in moved), tuple(d_residuals[i] for i in moved))
+            extra = jax.jvp(self._on_residuals(ts, residuals, moved), *chosen)[1]
             out_tangents = tuple(a + b for a, b in zip(out_tangents, extra))
         return out, out_tangents
 
-    def lin(self, perturbed: Any, residuals: Any, ts: Any) -> tuple[Any, Any]:
-        # jax.linearize of a linearized program: the tangent function is ``jvp``'s, on the primals kept
+    def vjp_fwd(self, perturbed: Any, residuals: Any, ts: Any) -> tuple[Any, Any]:
         return self(residuals, ts), (tuple(residuals), tuple(ts))
+
+    # jax.linearize of a linearized program: the tangent function is ``jvp``'s, on the primals kept
+    lin = vjp_fwd
 
     def linearized(self, primals: Any, d_residuals: Any, d_ts: Any) -> tuple[Any, ...]:
         if all(isinstance(t, HI_ZERO) for t in (*d_residuals, *d_ts)):  # nothing moves: zero, as JAX expects
             return tuple(HI_ZERO(a.to_tangent_aval()) for a in self.out_aval)
         return self.jvp(primals, (d_residuals, d_ts))[1]
 
-    def _on_residuals(self, ts: Any) -> Callable[..., tuple[Any, ...]]:
-        """The map as a function of its residuals, the tangents fixed."""
-        return lambda *residuals: tuple(self.forward_map(tuple(residuals), tuple(ts)))
-
-    def vjp_fwd(self, perturbed: Any, residuals: Any, ts: Any) -> tuple[Any, Any]:
-        return self(residuals, ts), (tuple(residuals), tuple(ts))
+    def _on_residuals(self, ts: Any, residuals: Any, which: list[int]) -> Callable[..., tuple[Any, ...]]:
+        """The map as a function of its residuals at ``which``, the tangents and other residuals fixed."""
+        on = lambda *residuals: tuple(self.forward_map(tuple(residuals), tuple(ts)))
+        return _rule.of_chosen(on, residuals, which)
 
     def vjp_bwd_retval(self, saved: Any, cotangents: Any) -> tuple[Any, Any]:
-        residuals, ts = saved
+        residuals, ts = map(tuple, saved)
         cts = tuple(None if isinstance(c, HI_ZERO) else c for c in cotangents)
-        grads = self.backward_map(residuals, cts) if any(c is not None for c in cts) else (None,) * len(ts)
-        t_grads = tuple(zeros(a) if g is None else g for g, a in zip(grads, self.in_avals[1]))
-        which = [i for i, a in enumerate(self.in_avals[0]) if jnp.issubdtype(a.dtype, jnp.inexact)]
-        res_grads = [zeros(a) for a in self.in_avals[0]]
-        if which and any(c is not None for c in cts):
-            on = _rule.of_chosen(self._on_residuals(ts), residuals, which)
-            _, pullback = jax.vjp(on, *[residuals[i] for i in which])
-            for i, g in zip(which, pullback(_instantiate(cotangents, self.out_aval))):
-                res_grads[i] = g
-        return tuple(res_grads), t_grads
+        flows = any(c is not None for c in cts)
+        grads = self.backward_map(residuals, cts) if flows else (None,) * len(ts)
+        which = [i for i, a in enumerate(self.in_avals[0]) if flows and jnp.issubdtype(a.dtype, jnp.inexact)]
+        res_grads: list[Any] = [None] * len(residuals)
+        if which:
+            _, pullback = jax.vjp(self._on_residuals(ts, residuals, which), *[residuals[i] for i in which])
+            res_grads = _rule.replaced(res_grads, which, pullback(_instantiate(cotangents, self.out_aval)))
+        return _instantiate(res_grads, self.in_avals[0]), _instantiate(grads, self.in_avals[1])
 
     def batch(self, axis_data: Any, args: Any, dims: Any) -> tuple[Any, Any]:
         (residuals, ts), (r_dims, t_dims) = args, dims
         if all(d is None for d in (*r_dims, *t_dims)):  # JAX may ask even when nothing is batched
             return self(residuals, ts), (None,) * len(self.out_aval)
-        size = axis_data.size
-        front = lambda values, ds: tuple(v if d is None else jnp.moveaxis(v, d, 0) for v, d in zip(values, ds))
-        residuals, ts = front(residuals, r_dims), front(ts, t_dims)
-        r_axes = [None if d is None else 0 for d in r_dims]
-        t_axes = [None if d is None else 0 for d in t_dims]
-        vmap = lambda f, in_axes: jax.vmap(
-            f, in_axes=in_axes, out_axes=0, axis_size=size, axis_name=getattr(axis_data, "name", None)
-        )
-        forward_map, backward_map = self.forward_map, self.backward_map
+        on = Batch(axis_data, (*r_dims, *t_dims), spmd=False)
+        count = len(residuals)
+        r_axes, t_axes = on.axes[:count], on.axes[count:]
 
         def batched_forward(residuals: Any, ts: Any) -> Any:
-            return vmap(lambda r, t: tuple(forward_map(tuple(r), tuple(t))), (r_axes, t_axes))(
-                list(residuals), list(ts)
-            )
+            return on.vmap(self.forward_map, in_axes=(r_axes, t_axes))(tuple(residuals), tuple(ts))
 
-        def batched_backward(residuals: Any, cts: Any) -> Any:
-            present = [i for i, c in enumerate(cts) if c is not None]
-
-            def one(r: Any, given: Any) -> Any:
-                full: list[Any] = [None] * len(cts)
-                for i, c in zip(present, given):
-                    full[i] = c
-                grads = backward_map(tuple(r), tuple(full))
-                return [zeros(a) if g is None else g for g, a in zip(grads, self.in_avals[1])]
-
-            grads = vmap(one, (r_axes, 0))(list(residuals), [cts[i] for i in present])
-            # a tangent that is not batched gets the sum over the batch, as JAX's own batching gives
-            return [g if a == 0 else g.sum(0) for g, a in zip(grads, t_axes)]
-
-        batched = lambda avals, axes: tuple(a if d is None else _batched(a, size) for a, d in zip(avals, axes))
-        linear = _Linear(
-            self.name,
-            batched_forward,
-            batched_backward,
-            batched(self.in_avals[0], r_axes),
-            batched(self.in_avals[1], t_axes),
-            tuple(_batched(a, size) for a in self.out_aval),
-        )
-        return linear(residuals, ts), (0,) * len(self.out_aval)
-
-
-def _batched(aval: Any, size: int) -> Any:
-    return batched_aval(aval, size)
+        res_avals, t_avals = on.avals(self.in_avals[0], r_axes), on.avals(self.in_avals[1], t_axes)
+        backward_map = on.backward(self.backward_map, r_axes, t_axes)
+        linear = _Linear(self.name, batched_forward, backward_map, res_avals, t_avals, on.avals(self.out_aval))
+        front = on.front((*residuals, *ts))
+        return linear(front[:count], front[count:]), (0,) * len(self.out_aval)

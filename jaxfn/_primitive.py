@@ -29,7 +29,6 @@ the outer trace differentiates it through these rules too.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,10 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.custom_derivatives import SymbolicZero
 
 from . import _context, _forward_mode, _jax_private, _linear, _outputs, _reverse_mode, _rule, _tie
-from ._arguments import DIFF, Arguments
+from ._arguments import Arguments
 from ._errors import AutogradFunctionTypeError, ContextAttributeError, error, type_name, unknown_name
 from ._outputs import Described, Outputs
 
@@ -75,13 +73,13 @@ class _Rules:
     """One call's rules, on flat tuples of arrays (see the module docstring)."""
 
     name: str
-    in_diff: tuple[bool, ...]  # per input: whether it is a float/complex array (it has a cotangent)
     out_diff: tuple[bool, ...]  # per output: whether it carries a tangent
     primal: Callable[..., tuple[Any, ...]]
     fwd: Callable[..., tuple[tuple[Any, ...], Any]]  # fwd(perturbed, *arrays, again=None) -> (outs, residuals)
-    bwd: Callable[..., list[Any]]  # bwd(residuals, cts) -> per input: a cotangent if in_diff, else None
-    jvp: Callable[..., tuple[Any, Any]]  # jvp(perturbed, primals, tangents, again=None) -> (outs, per out_diff)
-    forward_mode: bool  # whether jvp is the user's or derived (else JAX refuses it: no jax.linearize)
+    bwd: Callable[..., list[Any]]  # bwd(residuals, cts: None where none flows) -> per input: a cotangent or None
+    # jvp(perturbed, primals, tangents, again=None) -> (outs, per out_diff): the user's or derived;
+    # None: no forward mode (JAX refuses it where a tangent is computed, and jax.linearize)
+    jvp: Callable[..., tuple[Any, Any]] | None
     vmap: Callable[..., tuple[Any, Any]] | None  # vmap(size, dims, *arrays) -> (outs, out_dims)
 
 
@@ -99,13 +97,10 @@ class _Primitive(_BASE):
         return tuple(self.rules.primal(*arrays))
 
     def vjp_fwd(self, perturbed: Any, *arrays: Any) -> tuple[Any, Any]:
-        again = self._again_on(arrays)
-        out, residuals = self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays, again=again)
-        return tuple(out), residuals
+        return self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays, again=self._again_on(arrays))
 
     def vjp_bwd_retval(self, residuals: Any, cotangents: Any) -> tuple[Any, ...]:
-        cts = [SymbolicZero(None) if isinstance(c, _Zero) else c for c in cotangents]  # type: ignore[arg-type]
-        grads = self.rules.bwd(residuals, cts)
+        grads = self.rules.bwd(residuals, [None if isinstance(c, _Zero) else c for c in cotangents])
         return tuple(_linear.zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
 
     def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
@@ -117,17 +112,14 @@ class _Primitive(_BASE):
         outs = [i for i, d in enumerate(rules.out_diff) if d]
 
         def forward(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
-            full: list[Any] = [None] * len(residuals)
-            for i, t in zip(which, given):
-                full[i] = t
+            if rules.jvp is None:  # no forward mode: refused where a tangent is computed (reverse mode computes none)
+                raise error(AutogradFunctionTypeError, rules.name, _rule.FORWARD_MODE_HELP)
+            full = _rule.replaced([None] * len(residuals), which, given)
             # saved outputs the jvp rule reads, as an outer differentiation must see them
             return list(rules.jvp(perturbed, residuals, full, again=self._again_on(residuals))[1])
 
         def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
-            cts: list[Any] = [SymbolicZero(None)] * len(self.out_aval)  # type: ignore[arg-type]
-            for i, ct in zip(outs, cotangents):
-                if ct is not None:
-                    cts[i] = ct
+            cts = _rule.replaced([None] * len(self.out_aval), outs, cotangents)
             # saved outputs as an outer differentiation must see them
             grads = rules.bwd(rules.fwd(perturbed, *residuals, again=self._again_on(residuals))[1], cts)
             return [grads[i] for i in which]
@@ -136,46 +128,40 @@ class _Primitive(_BASE):
         computed = iter(
             _linear.tangents(rules.name, forward, backward, primals, given, [self.out_aval[i] for i in outs])
         )
-        out_tangents = [next(computed) if d else _Zero(_tangent_aval(a)) for d, a in zip(rules.out_diff, self.out_aval)]
-        return self._again(primals, None), tuple(out_tangents)
+        out_tangents = [
+            next(computed) if d else _Zero(a.to_tangent_aval()) for d, a in zip(rules.out_diff, self.out_aval)
+        ]
+        return tuple(self(*primals)), tuple(out_tangents)
 
     def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
         # jax.linearize: the tangent function is the jvp rule on the primals, kept as residuals
-        if not self.rules.forward_mode:  # refused now, not when the tangent function runs
+        if self.rules.jvp is None:  # refused now, not when the tangent function runs
             raise error(AutogradFunctionTypeError, self.rules.name, _rule.FORWARD_MODE_HELP)
-        return self._again(primals, None), tuple(primals)
+        return tuple(self(*primals)), tuple(primals)
 
     def linearized(self, primals: Any, *tangents: Any) -> tuple[Any, ...]:
         if all(isinstance(t, _Zero) for t in tangents):  # nothing moves: zero, as JAX expects
-            return tuple(_Zero(_tangent_aval(a)) for a in self.out_aval)
+            return tuple(_Zero(a.to_tangent_aval()) for a in self.out_aval)
         return self.jvp(primals, tangents)[1]
 
     def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
-        size = axis_data.size
         if all(d is None for d in dims):  # JAX may ask even when nothing is batched
             return self(*arrays), (None,) * len(self.out_aval)
+        on = _linear.Batch(axis_data, dims)
         user_rule = self.rules.vmap
-        if user_rule is not None and (size == 0 or not any(isinstance(a, Tracer) for a in arrays)):
-            return user_rule(size, tuple(dims), *arrays)  # nothing differentiates it (an empty batch: the rule alone)
-        vmap = functools.partial(
-            jax.vmap,
-            axis_size=size,
-            axis_name=getattr(axis_data, "name", None),
-            spmd_axis_name=getattr(axis_data, "spmd_name", None),
-        )
-        batched = _batched_rules(self, tuple(dims), vmap)
-        in_avals = tuple(a if d is None else _batched_aval(a, size) for a, d in zip(self.in_avals, dims))
-        out_avals = tuple(_batched_aval(a, size) for a in self.out_aval)
-        front = tuple(a if d is None or d == 0 else jnp.moveaxis(a, d, 0) for a, d in zip(arrays, dims))
-        generic = _Primitive(batched, in_avals, out_avals)
+        if user_rule is not None and (on.size == 0 or not any(isinstance(a, Tracer) for a in arrays)):
+            # nothing differentiates it (an empty batch: the rule alone)
+            return user_rule(on.size, tuple(dims), *arrays)
+        front = on.front(arrays)
+        generic = _Primitive(_batched_rules(self, on), on.avals(self.in_avals, on.axes), on.avals(self.out_aval))
         if user_rule is None:
             out = generic(*front)
             return out, (0,) * len(out)
         # an outer trace may differentiate the batched outputs: through the rules batched (so through
         # backward, or the jvp rule), never through the user's vmap rule's own operations, which are
         # run on values no differentiation traces (its own derivative is never asked for)
-        out, out_dims = user_rule(size, tuple(dims), *jax.lax.stop_gradient(tuple(arrays)))
-        at_front = tuple(o if d is None or d == 0 else jnp.moveaxis(o, d, 0) for o, d in zip(out, out_dims))
+        out, out_dims = user_rule(on.size, tuple(dims), *jax.lax.stop_gradient(tuple(arrays)))
+        at_front = tuple(o if d in (None, 0) else jnp.moveaxis(o, d, 0) for o, d in zip(out, out_dims))
 
         def rules_batched(*front: Any) -> tuple[Any, ...]:  # an unbatched output: the batch's mean (each
             # element's cotangent a share of the one output's, as when broadcast and summed)
@@ -191,66 +177,39 @@ class _Primitive(_BASE):
             return lambda out: tuple(self(*arrays))
         return None
 
-    def _again(self, arrays: Any, out: Any) -> tuple[Any, ...]:
-        """The output: the rule's own, or, on an outer trace's tracers, this primitive again."""
-        if out is None or any(isinstance(a, Tracer) for a in arrays):
-            return tuple(self(*arrays))
-        return tuple(out)
-
 
 def _mean(batched: Any) -> Any:
     """The batch's mean (an integer or boolean output, never differentiated: its first element)."""
     return batched.mean(0) if jnp.issubdtype(batched.dtype, jnp.inexact) else batched[0]
 
 
-def _batched_aval(aval: Any, size: int) -> Any:
-    return _jax_private.batched_aval(aval, size)
-
-
-def _batched_rules(unbatched: _Primitive, dims: tuple[Any, ...], vmap: Callable[..., Any]) -> _Rules:
-    """The rules of a batched call, each of ``unbatched``'s rules under ``jax.vmap`` (inputs
+def _batched_rules(unbatched: _Primitive, on: _linear.Batch) -> _Rules:
+    """The rules of a batched call, each of ``unbatched``'s rules under ``on.vmap`` (inputs
     batched at axis 0 or not at all; outputs and residuals batched at axis 0)."""
-    rules = unbatched.rules
-    axes = tuple(None if d is None else 0 for d in dims)
+    rules, axes = unbatched.rules, on.axes
 
     def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> Any:
-        if again is None:
-            return vmap(functools.partial(rules.fwd, perturbed), in_axes=axes, out_axes=0)(*arrays)
+        def one(*arrays: Any) -> Any:  # outputs and saved outputs an outer differentiation sees: the call
+            # again (under this vmap: batched by these rules, so through backward at every order)
+            return rules.fwd(perturbed, *arrays, again=None if again is None else unbatched._again_on(arrays))
 
-        def one(*arrays: Any) -> Any:  # outputs and saved outputs an outer differentiation sees: the
-            # call again (under this vmap: batched by these rules, so through backward at every order)
-            return rules.fwd(perturbed, *arrays, again=lambda out: tuple(unbatched(*arrays)))
-
-        return vmap(one, in_axes=axes, out_axes=0)(*arrays)
-
-    def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
-        present = [not isinstance(c, SymbolicZero) for c in cotangents]
-
-        def one(residuals: Any, given: list[Any]) -> list[Any]:
-            handed = iter(given)
-            grads = rules.bwd(residuals, [next(handed) if p else SymbolicZero(None) for p in present])  # type: ignore[arg-type]
-            return [g for g, d in zip(grads, rules.in_diff) if d]
-
-        grads = iter(vmap(one, in_axes=(0, 0), out_axes=0)(residuals, [c for c, p in zip(cotangents, present) if p]))
-        # an unbatched input's cotangent is the sum over the batch, as JAX's own batching gives
-        return [(next(grads) if a == 0 else next(grads).sum(0)) if d else None for a, d in zip(axes, rules.in_diff)]
+        return on.vmap(one, in_axes=axes)(*arrays)
 
     def jvp(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
+        which = [i for i, t in enumerate(tangents) if t is not None]
+
         def one(primals: tuple[Any, ...], given: list[Any]) -> Any:
-            handed = iter(given)
-            inner = None if again is None else (lambda out: tuple(unbatched(*primals)))  # the call again, batched
-            return rules.jvp(perturbed, primals, [next(handed) if p else None for p in perturbed], again=inner)
+            inner = None if again is None else unbatched._again_on(primals)  # the call again, batched
+            assert rules.jvp is not None  # batched only where there is one
+            return rules.jvp(perturbed, primals, _rule.replaced(tangents, which, given), again=inner)
 
-        given = [t for t in tangents if t is not None]
-        given_axes = [a for a, t in zip(axes, tangents) if t is not None]
-        return vmap(one, in_axes=(axes, given_axes), out_axes=0)(primals, given)
+        return on.vmap(one, in_axes=(axes, [axes[i] for i in which]))(primals, [tangents[i] for i in which])
 
-    primal = vmap(rules.primal, in_axes=axes, out_axes=0)
-    return dataclasses.replace(rules, primal=primal, fwd=fwd, bwd=bwd, jvp=jvp, vmap=None)
-
-
-def _tangent_aval(aval: Any) -> Any:
-    return aval.to_tangent_aval()
+    primal = on.vmap(rules.primal, in_axes=axes)
+    jvp_batched = None if rules.jvp is None else jvp
+    return dataclasses.replace(
+        rules, primal=primal, fwd=fwd, bwd=on.backward(rules.bwd, 0, axes), jvp=jvp_batched, vmap=None
+    )
 
 
 def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = False) -> Callable[..., Any]:
@@ -259,8 +218,6 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
     ``forward_mode``: derive the jvp rule from backward where the user gave none. ``args`` is the
     call without its arrays.
     """
-    name = definition.name
-    in_diff = tuple(args.kinds[i] == DIFF for i in args.array_positions)
 
     def described(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
         out, info = _rule.primal(definition, args, arrays)
@@ -272,38 +229,26 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
     def call(*arrays: Any) -> Any:
         shapes, output = jax.eval_shape(described, *arrays)  # the output's description rides along
         info = output.info
-        fwd, bwd = _reverse_rules(definition, args, in_diff)
+        # reverse mode from the user's backward: _reverse_mode's rule
+        forward, backward = _reverse_mode.rule(definition, args)
+
+        def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
+            out, _, residuals = forward(arrays, perturbed, again)
+            return tuple(out), residuals
+
         if definition.jvp is not None:
             jvp = _user_jvp(definition, args)
-        elif forward_mode:
-            jvp = _through_jvp(_forward_mode.build(definition, args), info)
-        else:  # no forward mode: refused where a tangent is computed (reverse mode never computes one)
-            jvp = _refuse_forward_mode(name)
-        has_forward_mode = definition.jvp is not None or forward_mode
+        else:  # without forward_mode, none: refused where a tangent is computed (reverse mode never computes one)
+            jvp = _through_jvp(_forward_mode.build(definition, args), info) if forward_mode else None
         vmap = _user_vmap(definition, args, info) if definition.vmap is not None else None
-        rules = _Rules(name, in_diff, tuple(info.differentiable), primal, fwd, bwd, jvp, has_forward_mode, vmap)
+        bwd = lambda residuals, cotangents: backward(residuals, cotangents)[0]
+        rules = _Rules(definition.name, tuple(info.differentiable), primal, fwd, bwd, jvp, vmap)
         in_avals = tuple(jax.typeof(a) for a in arrays)
         out_avals = tuple(map(_jax_private.aval_of, shapes))  # inside shard_map: varying as forward's outputs
         out = _Primitive(rules, in_avals, out_avals)(*arrays)
         return info.rebuild(out)
 
     return call
-
-
-def _reverse_rules(definition: _rule.Definition, args: Arguments, in_diff: tuple[bool, ...]) -> tuple[Any, Any]:
-    """Reverse mode from the user's backward: ``_reverse_mode``'s rule, with zeros for the
-    float/complex inputs JAX is not differentiating (a batched backward returns arrays for all)."""
-    forward, backward = _reverse_mode.rule(definition, args)
-
-    def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
-        out, _, residuals = forward(arrays, perturbed, again)
-        return tuple(out), residuals
-
-    def bwd(residuals: Any, cotangents: list[Any]) -> list[Any]:
-        grads, avals = backward(residuals, cotangents)
-        return [(_linear.zeros(a) if g is None else g) if d else None for g, a, d in zip(grads, avals, in_diff)]
-
-    return fwd, bwd
 
 
 def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
@@ -327,18 +272,9 @@ def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., An
     return rule
 
 
-def _refuse_forward_mode(name: str) -> Callable[..., Any]:
-    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
-        raise error(AutogradFunctionTypeError, name, _rule.FORWARD_MODE_HELP)
-
-    return rule
-
-
 def _through_jvp(derived: Callable[..., Any], info: Outputs) -> Callable[..., Any]:
-    """Without a user jvp: ``jax.jvp`` through the call another builder makes. With
-    ``forward_mode=True``, ``_forward_mode``'s rule (backward transposed); otherwise
-    ``_reverse_mode``'s ``jax.custom_vjp``, whose tangents JAX transposes where reverse mode
-    needs them (``jax.grad`` of ``jax.checkpoint``) and refuses where forward mode would."""
+    """Without a user jvp, with ``forward_mode=True``: ``jax.jvp`` through the call
+    ``_forward_mode`` makes (``derived``), whose tangents are backward transposed."""
 
     def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
         # (again: not needed, _forward_mode's rule ties its own outputs and saved outputs)
@@ -364,9 +300,7 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
     assert vmap is not None
 
     def rule(size: int, dims: tuple[Any, ...], *arrays: Any) -> tuple[Any, Any]:
-        leaf_dims: list[Any] = [None] * len(args.kinds)
-        for position, dim in zip(args.array_positions, dims):
-            leaf_dims[position] = dim
+        leaf_dims = _rule.replaced([None] * len(args.kinds), args.array_positions, dims)
         values = args.values(arrays)
         in_dims = jax.tree_util.tree_unflatten(args.treedef, leaf_dims)
         by_slot = [(values[p], in_dims[p]) if i is None else (values[p][i], in_dims[p][i]) for p, i in args.slots]
@@ -421,10 +355,8 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
                     f"{size} at its out_dim ({dim}), but it has shape {shape}; return the batched outputs and where "
                     "their batch axis is (None for an output that is not batched)",
                 )
-            if leaf is not None:
-                _forward_mode.check_dtype(
-                    name, f"vmap must return forward's outputs, but its output {index}", leaf, aval
-                )
+            # (leaf is not None here: a missing output has no shape, refused above)
+            _forward_mode.check_dtype(name, f"vmap must return forward's outputs, but its output {index}", leaf, aval)
             arrays_out.append(jnp.asarray(leaf, aval.dtype))
             dims_out.append(dim)
         return tuple(arrays_out), tuple(dims_out)
