@@ -10,7 +10,7 @@ an implementation (``expand``), reverse mode (``vjp_fwd``/``vjp_bwd_retval``), f
 The rules, each on one call's flat arrays (``_Rules``):
 
 * ``primal``: forward's outputs (``_rule.primal``);
-* ``fwd``/``bwd``: reverse mode, from the user's backward through ``_reverse_mode.rule``
+* ``fwd``/``bwd``: reverse mode, from the user's backward through ``_rule.reverse``
   (forward's context crosses as residuals, its static part per trace in ``_rule.Traces``);
 * ``jvp``: the user's ``jvp(ctx, *tangents)``, reading what forward saved with
   ``ctx.save_for_forward``; or, with ``forward_mode=True``, ``_forward_mode``'s derived rule
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from . import _context, _forward_mode, _jax_private, _linear, _outputs, _reverse_mode, _rule, _tie
+from . import _context, _forward_mode, _jax_private, _linear, _outputs, _rule, _tie
 from ._arguments import Arguments
 from ._errors import AutogradFunctionTypeError, ContextAttributeError, error, type_name, unknown_name
 from ._outputs import Described, Outputs
@@ -230,7 +230,7 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
         shapes, output = jax.eval_shape(described, *arrays)  # the output's description rides along
         info = output.info
         # reverse mode from the user's backward: _reverse_mode's rule
-        forward, backward = _reverse_mode.rule(definition, args)
+        forward, backward = _rule.reverse(definition, args)
 
         def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
             out, _, residuals = forward(arrays, perturbed, again)

@@ -1,7 +1,8 @@
 """The default builder: one ``jax.custom_vjp`` for one call's static structure.
 
-Each trace's static state (the context's remainder, the output's description) is kept in
-``_rule.Traces`` and found again by ``bwd`` through a zero-size residual.
+Reverse mode is the rule's own (``_rule.reverse``, which ``_primitive`` uses too): each trace's
+static state (the context's remainder, the output's description) is kept in ``_rule.Traces`` and
+found again by ``bwd`` through a zero-size residual.
 
 Higher order: when ``fwd`` runs on another trace's tracers, an outer differentiation may later
 differentiate its output (``jax.grad`` of ``jax.grad``, also through a ``jit`` between them). The
@@ -22,41 +23,10 @@ import jax
 from jax.core import Tracer
 from jax.custom_derivatives import CustomVJPPrimal
 
-from . import _arguments, _jax_private, _rule, _saves, _tie
+from . import _jax_private, _rule, _tie
 from ._arguments import Arguments
-from ._context import Context
 from ._errors import AutogradFunctionTypeError, error
 from ._outputs import Described, Outputs
-
-
-def rule(definition: _rule.Definition, args: Arguments) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The custom rule on one call's flat arrays, as this builder and ``_primitive`` use it:
-    ``forward(arrays, perturbed, again=None) -> (outputs, info, residuals)`` runs the user's
-    forward with a fresh context whose arrays cross as residuals (named, ``_saves``) and whose
-    static part is kept per trace (``again``: see ``_rule.outputs_again``); ``backward(residuals,
-    cotangents) -> (one cotangent or None per array input, the inputs' shapes and dtypes)`` runs
-    the user's backward on the context rebuilt."""
-    traces = _rule.Traces()
-
-    def forward(arrays: Any, perturbed: Any, again: Any = None) -> tuple[list[Any], Outputs, Any]:
-        ctx, out, info = _rule.run_forward(definition, args, arrays, perturbed)
-        saved, remainder = ctx.to_residuals()
-        if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
-            out, (saved,) = _rule.outputs_again(again, out, saved)
-        saved = _saves.named(definition.name, saved, remainder, arrays)
-        varying = _rule.varying_per_array(arrays)
-        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying))
-        return out, info, (saved, token)
-
-    def backward(residuals: Any, cotangents: Any) -> tuple[list[Any], list[Any]]:
-        saved, token = residuals
-        remainder, info, avals, perturbed, varying = traces[token]
-        ctx = Context.from_residuals(saved, remainder)
-        cts = _rule.run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed), varying)
-        return cts, avals
-
-    return forward, backward
-
 
 OUTPUT_DIFFERS = (
     "forward's output must be the same whatever is differentiated, but it differs between a trace where "
@@ -91,7 +61,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     ``args`` is the call without its arrays (``Arguments.structure``): the rule keeps no
     reference to a call's arrays.
     """
-    forward, backward = rule(definition, args)
+    forward, backward = _rule.reverse(definition, args)
     primal_infos: list[Outputs] = []  # the primal's last: only to check fwd's output against it, naming the function
 
     @jax.custom_vjp

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from . import _anomaly, _arguments, _context, _gradients, _jax_private, _outputs, _pytorch_names
+from . import _anomaly, _arguments, _context, _gradients, _jax_private, _outputs, _pytorch_names, _saves
 from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionTypeError, error, type_name
@@ -237,6 +237,35 @@ def varying_axes(array: Any) -> frozenset[str]:
     aval = jax.typeof(array)
     manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
     return frozenset(manual.varying) if manual is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def reverse(definition: Definition, args: Arguments) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Reverse mode on one call's flat arrays, as ``_reverse_mode`` and ``_primitive`` use it:
+    ``forward(arrays, perturbed, again=None) -> (outputs, info, residuals)`` runs the user's
+    forward with a fresh context whose arrays cross as residuals (named, ``_saves``) and whose
+    static part is kept per trace (``again``: see ``outputs_again``); ``backward(residuals,
+    cotangents) -> (one cotangent or None per array input, the inputs' shapes and dtypes)`` runs
+    the user's backward on the context rebuilt."""
+    traces = Traces()
+
+    def forward(arrays: Any, perturbed: Any, again: Any = None) -> tuple[list[Any], _outputs.Outputs, Any]:
+        ctx, out, info = run_forward(definition, args, arrays, perturbed)
+        saved, remainder = ctx.to_residuals()
+        if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
+            out, (saved,) = outputs_again(again, out, saved)
+        saved = _saves.named(definition.name, saved, remainder, arrays)
+        varying = varying_per_array(arrays)
+        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying))
+        return out, info, (saved, token)
+
+    def backward(residuals: Any, cotangents: Any) -> tuple[list[Any], list[Any]]:
+        saved, token = residuals
+        remainder, info, avals, perturbed, varying = traces[token]
+        ctx = Context.from_residuals(saved, remainder)
+        cts = run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed), varying)
+        return cts, avals
+
+    return forward, backward
 
 
 def run_forward(
