@@ -29,8 +29,6 @@ from . import _jax_private
 from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, error, type_name
 
 _RAISED: list[BaseException] = []  # what the callbacks raised, newest last (callbacks run in XLA's threads)
-# JAX logs a failed callback with its traceback before it raises; jaxfn's own error says it all.
-_JAX_CALLBACK_LOGGERS = ("jax._src.debugging", "jax._src.callback")
 
 
 class _QuietAboutAnomalies(logging.Filter):
@@ -42,7 +40,7 @@ _QUIET = _QuietAboutAnomalies()
 
 
 def _quiet(on: bool) -> None:
-    for name in _JAX_CALLBACK_LOGGERS:
+    for name in _jax_private.CALLBACK_LOGGERS:  # JAX's log of a failed callback: jaxfn's error says it all
         (logging.getLogger(name).addFilter if on else logging.getLogger(name).removeFilter)(_QUIET)
 
 

@@ -7,10 +7,13 @@ runs on the oldest and the newest JAX the package allows, so a move shows up the
 
 from __future__ import annotations
 
+import functools
 import traceback
 from typing import Any
 
 import jax
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.core import Tracer
 from jax.core import eval_jaxpr as _eval_jaxpr
 from jax.extend.core import ClosedJaxpr, Jaxpr
@@ -215,6 +218,12 @@ from jax.experimental import hijax as _hijax  # noqa: E402
 HI_PRIMITIVE: Any = getattr(_hijax, "HiPrim", None) or _hijax.VJPHiPrimitive
 HI_ZERO: Any = _hijax.Zero
 SHAPED_ARRAY: Any = _hijax.ShapedArray
+
+
+def batch_axis(axis_data: Any) -> tuple[int, Any, Any]:
+    """A hijax primitive's ``batch`` rule's ``axis_data`` read (jax 0.10-0.12): the batch's size,
+    its axis name and its ``spmd_axis_name`` (None where JAX gives none)."""
+    return axis_data.size, getattr(axis_data, "name", None), getattr(axis_data, "spmd_name", None)
 
 
 def is_gradient_accumulator(value: Any) -> bool:
@@ -508,3 +517,18 @@ def _inside_api(names: frozenset[str]) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+# JAX's loggers of a failed host callback (jax 0.10-0.12): they log its traceback before JAX raises.
+CALLBACK_LOGGERS = ("jax._src.debugging", "jax._src.callback")
+
+
+@functools.cache
+def checkpoint_name_batches(remat3: bool) -> bool:
+    """Whether JAX's ``checkpoint_name`` works under ``jax.vmap`` with this ``jax_remat3`` setting
+    (it does not on jax 0.10 with it on: its hijax primitive there has no batching rule)."""
+    try:
+        jax.eval_shape(jax.vmap(lambda x: checkpoint_name(x, "jaxfn.probe")), jax.ShapeDtypeStruct((1,), np.float32))
+    except NotImplementedError:
+        return False
+    return True

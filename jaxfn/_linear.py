@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _rule
 from ._arguments import DIFF, dtype_kind
-from ._jax_private import HI_PRIMITIVE, HI_ZERO, SHAPED_ARRAY, batched_aval, is_gradient_accumulator
+from ._jax_private import HI_PRIMITIVE, HI_ZERO, SHAPED_ARRAY, batch_axis, batched_aval, is_gradient_accumulator
 
 # forward_map(residuals, tangents) -> tangents out; backward_map(residuals, cotangents) -> one
 # cotangent (or None) per tangent; a cotangent of None is a zero one.
@@ -80,14 +80,11 @@ class Batch:
     ``spmd_axis_name`` is kept (``_primitive``'s rules keep it, the tangent map does not)."""
 
     def __init__(self, axis_data: Any, dims: Any, spmd: bool = True):
-        self.size, self.dims = axis_data.size, tuple(dims)
-        self.axes = tuple(None if d is None else 0 for d in dims)
+        self.size, name, spmd_name = batch_axis(axis_data)
+        self.dims, self.axes = tuple(dims), tuple(None if d is None else 0 for d in dims)
+        spmd_name = spmd_name if spmd else None
         self.vmap = functools.partial(
-            jax.vmap,
-            out_axes=0,
-            axis_size=self.size,
-            axis_name=getattr(axis_data, "name", None),
-            spmd_axis_name=getattr(axis_data, "spmd_name", None) if spmd else None,
+            jax.vmap, out_axes=0, axis_size=self.size, axis_name=name, spmd_axis_name=spmd_name
         )
 
     def front(self, values: Any) -> tuple[Any, ...]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -38,8 +37,9 @@ _KNOWN: dict[str, tuple[str, str, bool]] = {}
 
 
 def available() -> bool:
-    """Whether saves are named here (not on jax 0.10 with ``jax_remat3`` on; see ``_names_batch``)."""
-    return _names_batch(_jax_private.remat3())
+    """Whether saves are named here (not on jax 0.10 with ``jax_remat3`` on, where JAX's
+    ``checkpoint_name`` fails under ``jax.vmap``)."""
+    return _jax_private.checkpoint_name_batches(_jax_private.remat3())
 
 
 def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) -> list[Any]:
@@ -54,17 +54,6 @@ def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) ->
         if records is not None:
             records.setdefault(name, []).append(entry)
     return [checkpoint_name(value, name) for value, name in zip(saved, names)]
-
-
-@functools.cache
-def _names_batch(remat3: bool) -> bool:
-    """Whether JAX's ``checkpoint_name`` works under ``jax.vmap`` with this ``jax_remat3`` setting
-    (it does not on jax 0.10 with it on: its hijax primitive there has no batching rule)."""
-    try:
-        jax.eval_shape(jax.vmap(lambda x: checkpoint_name(x, "jaxfn.probe")), jax.ShapeDtypeStruct((1,), jnp.float32))
-    except NotImplementedError:
-        return False
-    return True
 
 
 @dataclasses.dataclass(frozen=True)
