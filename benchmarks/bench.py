@@ -146,15 +146,16 @@ TRACE_CONTENDERS = {
 }
 
 
-def chained_trace(n, repeats):
+def chained_trace(n, repeats, bare=False):
     """Tracing jax.grad of n chained calls (fresh functions each repeat), jaxfn against a
     hand-written custom_vjp, and against one that has jaxfn's features in JAX but none of its
-    Python: median wall and minimum process-CPU seconds, interleaved."""
+    Python: median wall and minimum process-CPU seconds, interleaved. ``bare``: nothing between
+    the calls (``x = relu(x)``), so the trace is the calls' alone."""
 
     def chain(relu):
         def f(x):
             for _ in range(n):
-                x = relu(x) * 0.5 + x
+                x = relu(x) if bare else relu(x) * 0.5 + x
             return x.sum()
 
         return f
@@ -327,11 +328,14 @@ def main():
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
     parser.add_argument(
-        "--only", nargs="+", choices=["1", "1b", "2", "2b", "3", "4"], help="run these sections alone (default: all)"
+        "--only",
+        nargs="+",
+        choices=["1", "1b", "2", "2b", "2c", "3", "4"],
+        help="run these sections alone (default: all)",
     )
     args = parser.parse_args()
     repeats = 5 if args.quick else 15
-    sections = set(args.only or ["1", "1b", "2", "2b", "3", "4"])
+    sections = set(args.only or ["1", "1b", "2", "2b", "2c", "3", "4"])
     batches = [64, 1024] if args.quick else [64, 256, 1024, 4096, 8192]
     results: dict = {
         "machine": f"{platform.processor() or platform.machine()}, {len(jax.devices())} "
@@ -387,17 +391,20 @@ def main():
         print("| jaxfn | custom_vjp | ratio |\n|---|---|---|")
         print(f"| {t['jaxfn'] * 1e3:.1f} ms | {t['custom_vjp'] * 1e3:.1f} ms | {t['jaxfn'] / t['custom_vjp']:.2f} |")
 
-    if "2b" in sections:
-        print("\n## 2b. Tracing jax.grad of N chained calls (jax.make_jaxpr; fresh functions each repeat)\n")
+    for section, bare, sizes in (("2b", False, (10, 100, 500)), ("2c", True, (100, 500, 2000))):
+        if section not in sections:
+            continue
+        what = "bare chained calls (x = relu(x))" if bare else "chained calls"
+        print(f"\n## {section}. Tracing jax.grad of N {what} (jax.make_jaxpr; fresh functions each repeat)\n")
         print(
             "| N | jaxfn (wall) | custom_vjp (wall) | ratio (wall) | jaxfn (CPU) | custom_vjp (CPU) | ratio (CPU) "
             "| jaxfn extra per call (CPU) | custom_vjp with jaxfn's features / custom_vjp (wall, CPU) |"
             "\n|---|---|---|---|---|---|---|---|---|"
         )
-        results["chained_trace"] = {}
-        for n in (10, 100) if args.quick else (10, 100, 500):
-            t = chained_trace(n, max(3, repeats // 2) if n == 1000 else repeats)
-            results["chained_trace"][n] = t
+        results["bare_chained_trace" if bare else "chained_trace"] = found = {}
+        for n in sizes[:2] if args.quick else sizes:
+            t = chained_trace(n, max(3, repeats // 2) if n >= 1000 else repeats, bare)
+            found[n] = t
             (jw, jc), (vw, vc), (fw, fc) = t["jaxfn"], t["custom_vjp"], t["custom_vjp with jaxfn's features"]
             print(
                 f"| {n} | {jw * 1e3:.1f} ms | {vw * 1e3:.1f} ms | {jw / vw:.2f} | {jc * 1e3:.1f} ms "
