@@ -140,9 +140,13 @@ class _Primitive(_BASE):
         return tuple(self(*primals)), tuple(primals)
 
     def linearized(self, primals: Any, *tangents: Any) -> tuple[Any, ...]:
-        if all(isinstance(t, _Zero) for t in tangents):  # nothing moves: zero, as JAX expects
-            return tuple(_Zero(a.to_tangent_aval()) for a in self.out_aval)
-        return self.jvp(primals, tangents)[1]
+        # one tangent array per output, as JAX reads them (zeros, float0 for an integer output)
+        if all(isinstance(t, _Zero) for t in tangents):  # nothing moves
+            return tuple(map(_linear.zeros, self.out_aval))
+        return tuple(
+            _linear.zeros(a) if isinstance(t, _Zero) else t
+            for t, a in zip(self.jvp(primals, tangents)[1], self.out_aval)
+        )
 
     def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
         if all(d is None for d in dims):  # JAX may ask even when nothing is batched

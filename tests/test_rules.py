@@ -593,3 +593,24 @@ def test_a_jvp_result_in_another_structure_is_named():
     )
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'f': jvp's tangent for output 0 must have that output's "):
         jax.jvp(f, (X,), (X,))
+
+
+@pytest.mark.parametrize("rule", ["forward_mode", "jvp"])
+def test_linearize_of_a_vmap_rule_function_with_an_integer_output(rule):
+    """jax.linearize of a function with a vmap rule and a forward-mode rule whose outputs include
+    an integer array: the tangent function gives the float output's tangent (it raised JAX's bare
+    AssertionError: the integer output's symbolic zero is no array leaf)."""
+
+    def forward(ctx, x, k):
+        return x * 2, k * 2
+
+    def vmap_rule(info, in_dims, x, k):
+        return f(x, k), in_dims
+
+    options = {"forward_mode": True} if rule == "forward_mode" else {"jvp": lambda ctx, tx, tk: (tx * 2, None)}
+    f = jaxfn.autograd_function(forward, lambda ctx, g, gk: (g * 2, None), vmap=vmap_rule, name="f", **options)
+    x, k, t = jnp.ones(3), jnp.arange(3), jnp.array([1.0, 2.0, 3.0])
+    for transform in (lambda g: g, jax.jit):
+        out, tangent_function = jax.linearize(transform(lambda x: f(x, k)[0]), x)
+        np.testing.assert_allclose(tangent_function(t), 2 * t)
+        np.testing.assert_allclose(out, 2 * x)
