@@ -197,3 +197,13 @@ def test_a_grad_output_already_non_finite_is_blamed_on_what_comes_after(transfor
     ):
         with jaxfn.detect_anomaly():  # under jit: the error leaving the block is jaxfn's own
             jax.block_until_ready(grad(jnp.ones(2)))
+
+
+def test_a_grad_output_already_non_finite_is_blamed_on_what_comes_after_with_finite_differences():
+    """The grad_output check runs on every builder's backward, finite differences' too (it was
+    never run there: the non-finite value was reported as backward's)."""
+    double = jaxfn.autograd_function(lambda ctx, x: np.asarray(x) * 2, "finite_differences", host=True, name="double")
+    grad = jax.grad(lambda x: jnp.log(double(x) * 0).sum())  # log(0): nan on the way back
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"^jaxfn: 'double': grad_output was already nan"):
+        with jaxfn.detect_anomaly():
+            jax.block_until_ready(grad(jnp.ones(2)))
