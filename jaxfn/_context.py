@@ -270,6 +270,10 @@ class _State:
             parameters=((), ()),
         )
 
+    def refusal(self, sentence: str) -> AutogradFunctionError:
+        """The error for a misuse of the context, in its function's name."""
+        return error(AutogradFunctionTypeError, self.function, sentence)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Remainder(Split):
@@ -340,8 +344,8 @@ class Context:
         """
         self._forward_only("save_for_backward")
         state = self._state
-        dropped = [n for n in (*state.replaced, *state.named) if n not in named]
-        state.replaced = tuple(dict.fromkeys(dropped))  # for the message if backward asks for one
+        # the names dropped, for the message if backward asks for one
+        state.replaced = tuple(dict.fromkeys([n for n in (*state.replaced, *state.named) if n not in named]))
         state.positional = values
         state.named = named
 
@@ -383,11 +387,9 @@ class Context:
         """
         self._forward_only("set_materialize_grads")
         if not isinstance(value, (bool, np.bool_)):  # "False" would switch nothing off
-            raise error(
-                AutogradFunctionTypeError,
-                self._state.function,
+            raise self._state.refusal(
                 f"ctx.set_materialize_grads() takes True or False, as in PyTorch, but got {type_name(value)} "
-                f"({value!r})",
+                f"({value!r})"
             )
         self._state.materialize = bool(value)
 
@@ -402,13 +404,11 @@ class Context:
         ids = {id(x) for x in self._state.inputs}
         for position, value in enumerate(inputs):
             if id(value) not in ids:
-                raise error(
-                    AutogradFunctionTypeError,
-                    self._state.function,
+                raise self._state.refusal(
                     f"ctx.mark_dirty() takes this call's array inputs, but its argument {position} is "
                     + ("an array" if hasattr(value, "shape") else type_name(value))
                     + " that is not one of them; pass the very arrays forward received (JAX arrays are immutable: "
-                    "x += 1 or x.at[i].set(v) makes a new array, so mark the input and return the new one)",
+                    "x += 1 or x.at[i].set(v) makes a new array, so mark the input and return the new one)"
                 )
 
     # -- read in backward ------------------------------------------------------------------
@@ -446,10 +446,8 @@ class Context:
     # -- user attributes -------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _OWN_NAMES:
-            raise error(
-                AutogradFunctionTypeError,
-                self._state.function,
-                f"ctx.{name} belongs to the context and can't be overwritten; store your value under another name",
+            raise self._state.refusal(
+                f"ctx.{name} belongs to the context and can't be overwritten; store your value under another name"
             )
         self._attrs[name] = value
 
@@ -461,12 +459,9 @@ class Context:
         except KeyError:
             close = difflib.get_close_matches(name, sorted(_OWN_NAMES - set(Context.__slots__)), n=1)
             hint = f" Did you mean ctx.{close[0]}?" if close else ""
+            hint += " Set attributes on ctx in forward to read them in backward."
             raise error(
-                ContextAttributeError,
-                self._state.function,
-                unknown_name("ctx", name, self._attrs)
-                + hint
-                + " Set attributes on ctx in forward to read them in backward.",
+                ContextAttributeError, self._state.function, unknown_name("ctx", name, self._attrs) + hint
             ) from None
 
     def __delattr__(self, name: str) -> None:
@@ -475,9 +470,7 @@ class Context:
 
     def _forward_only(self, method: str) -> None:
         if not self._state.in_forward:
-            raise error(
-                AutogradFunctionTypeError, self._state.function, f"ctx.{method}() can only be called in forward"
-            )
+            raise self._state.refusal(f"ctx.{method}() can only be called in forward")
 
     def _bind_parameters(self, names: Sequence[str], values: Sequence[Any]) -> None:
         """Forward's parameters by name, while it runs (what ``mark_non_differentiable`` names)."""
@@ -495,10 +488,9 @@ class Context:
         arrays, parts, paths = split_with_paths(held, crosses)
         for path, leaf in zip(paths, parts.statics):
             if leaf is not None and _tracers.holds_tracer(leaf):
-                raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))
+                raise state.refusal(_hidden_tracer(path, names, leaf))
         save_names = tuple(_save_name(path, names) for path, array in zip(paths, parts.is_array) if array)
-        remainder = Remainder(parts.treedef, parts.is_array, parts.statics, state.holding((), {}), names, save_names)
-        return arrays, remainder
+        return arrays, Remainder(parts.treedef, parts.is_array, parts.statics, state.holding((), {}), names, save_names)
 
     @classmethod
     def from_residuals(cls, arrays: list[Any], remainder: Remainder) -> Context:
