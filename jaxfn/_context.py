@@ -32,13 +32,14 @@ from ._split import Split, split_with_paths
 
 class _View:
     """What ``SavedVariables`` and ``NeedsInputGrad`` share: a context's values by name
-    (``_names``) and by position (``_positions``), read-only; an unknown name, or a position past
-    the end, raises naming the view (``_what``)."""
+    (``_jaxfn_names``) and by position (``_jaxfn_positions``), read-only; an unknown name, or a
+    position past the end, raises naming the view (``_jaxfn_what``). Every name of the view's own
+    starts with ``_jaxfn``, so a saved value or a parameter named ``_names`` reads as the user's."""
 
-    __slots__ = ("_function", "_names", "_positions", "_replaced")
-    _what: str  # the view as messages name it
-    _per: str  # what one position stands for
-    _read_only: str  # the sentence for setting a value
+    __slots__ = ("_jaxfn_function", "_jaxfn_names", "_jaxfn_positions", "_jaxfn_replaced")
+    _jaxfn_what: str  # the view as messages name it
+    _jaxfn_per: str  # what one position stands for
+    _jaxfn_read_only: str  # the sentence for setting a value
     __iter__: Callable[[], Iterator[Any]]  # each view's own
 
     def __init__(
@@ -50,10 +51,10 @@ class _View:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)  # Python's protocol look-ups (copy, pickle) stay silent
-        return self._named(name, ContextAttributeError)
+        return self._jaxfn_named(name, ContextAttributeError)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise error(AutogradFunctionTypeError, self._function, self._read_only)
+        raise error(AutogradFunctionTypeError, self._jaxfn_function, self._jaxfn_read_only)
 
     def __setitem__(self, name: Any, value: Any) -> None:
         self.__setattr__(str(name), value)
@@ -62,26 +63,26 @@ class _View:
         return sum(1 for _ in self)
 
     def keys(self) -> Any:
-        return self._names.keys()
+        return self._jaxfn_names.keys()
 
-    def _named(self, name: Any, kind: type[AutogradFunctionError]) -> Any:
+    def _jaxfn_named(self, name: Any, kind: type[AutogradFunctionError]) -> Any:
         try:
-            return self._names[name]
+            return self._jaxfn_names[name]
         except KeyError:
-            raise error(kind, self._function, self._unknown(name)) from None
+            raise error(kind, self._jaxfn_function, self._jaxfn_unknown(name)) from None
 
-    def _at(self, index: Any) -> Any:
-        _check_position(self, len(self._positions), index)
-        return self._positions[index]
+    def _jaxfn_at(self, index: Any) -> Any:
+        _check_position(self, len(self._jaxfn_positions), index)
+        return self._jaxfn_positions[index]
 
-    def _unknown(self, name: str) -> str:
-        return unknown_name(self._what, name, self._names)
+    def _jaxfn_unknown(self, name: str) -> str:
+        return unknown_name(self._jaxfn_what, name, self._jaxfn_names)
 
-    def _hint(self) -> str:
+    def _jaxfn_hint(self) -> str:
         return ""
 
     def __reduce__(self) -> Any:  # copy and pickle make the same view (its slots are read-only)
-        return type(self), (self._function, self._names, self._positions, self._replaced)
+        return type(self), (self._jaxfn_function, self._jaxfn_names, self._jaxfn_positions, self._jaxfn_replaced)
 
 
 class SavedVariables(_View, Mapping):
@@ -99,31 +100,31 @@ class SavedVariables(_View, Mapping):
     """
 
     __slots__ = ()
-    _what = "ctx.saved_variables"
-    _per = "value saved"
-    _read_only = "ctx.saved_variables is read-only; save values in forward with ctx.save_for_backward(name=value)"
+    _jaxfn_what = "ctx.saved_variables"
+    _jaxfn_per = "value saved"
+    _jaxfn_read_only = "ctx.saved_variables is read-only; save values in forward with ctx.save_for_backward(name=value)"
 
     def __getitem__(self, name: Any) -> Any:
-        return self._at(name) if isinstance(name, int) else self._named(name, ContextKeyError)
+        return self._jaxfn_at(name) if isinstance(name, int) else self._jaxfn_named(name, ContextKeyError)
 
     def __delitem__(self, name: Any) -> None:
         self.__setattr__(str(name), None)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._names if self._names or not self._positions else self._positions)
+        return iter(self._jaxfn_names if self._jaxfn_names or not self._jaxfn_positions else self._jaxfn_positions)
 
     def __repr__(self) -> str:
-        return f"SavedVariables({', '.join(self._names)})"
+        return f"SavedVariables({', '.join(self._jaxfn_names)})"
 
-    def _unknown(self, name: str) -> str:
-        text = super()._unknown(name)
-        if name in self._replaced:  # R code saving one value per call
+    def _jaxfn_unknown(self, name: str) -> str:
+        text = super()._jaxfn_unknown(name)
+        if name in self._jaxfn_replaced:  # R code saving one value per call
             text = text.removesuffix(".") + (
                 f" ('{name}' was saved by an earlier ctx.save_for_backward call, and each call replaces what the "
                 "earlier ones saved: save everything in one call, ctx.save_for_backward(a=a, b=b))"
             )
-        elif not self._names and self._positions:  # saved by position (PyTorch's form)
-            count = len(self._positions)
+        elif not self._jaxfn_names and self._jaxfn_positions:  # saved by position (PyTorch's form)
+            count = len(self._jaxfn_positions)
             text = text.removesuffix(".") + f" (forward saved {count} value(s) by position: read them as "
             text += "ctx.saved_tensors[i], or save by name, ctx.save_for_backward(x=x))"
         return text
@@ -132,13 +133,13 @@ class SavedVariables(_View, Mapping):
 class SavedTensors(tuple):
     """``ctx.saved_tensors``: a tuple, whose position past the end is named as the context's own are."""
 
-    _function: str
-    _what = "ctx.saved_tensors"
-    _per = "value saved"
+    _jaxfn_function: str
+    _jaxfn_what = "ctx.saved_tensors"
+    _jaxfn_per = "value saved"
 
     def __new__(cls, function: str, values: tuple[Any, ...]) -> SavedTensors:
         saved = super().__new__(cls, values)
-        saved._function = function
+        saved._jaxfn_function = function
         return saved
 
     def __reduce__(self) -> Any:  # copied or pickled as the plain tuple it is
@@ -148,7 +149,7 @@ class SavedTensors(tuple):
         _check_position(self, len(self), key)
         return tuple.__getitem__(self, key)
 
-    def _hint(self) -> str:
+    def _jaxfn_hint(self) -> str:
         return (
             " (in backward: what forward saved with ctx.save_for_backward; in a jvp rule: what it saved "
             "with ctx.save_for_forward)"
@@ -173,24 +174,24 @@ class NeedsInputGrad(_View, Sequence):
     """
 
     __slots__ = ()
-    _what = "ctx.needs_input_grad"
-    _per = "argument of forward after ctx"
-    _read_only = "ctx.needs_input_grad is read-only"
+    _jaxfn_what = "ctx.needs_input_grad"
+    _jaxfn_per = "argument of forward after ctx"
+    _jaxfn_read_only = "ctx.needs_input_grad is read-only"
 
     def __getitem__(self, key: Any) -> Any:
-        return self._named(key, ContextKeyError) if isinstance(key, str) else self._at(key)
+        return self._jaxfn_named(key, ContextKeyError) if isinstance(key, str) else self._jaxfn_at(key)
 
     def __iter__(self) -> Iterator[bool]:
-        return iter(self._positions)
+        return iter(self._jaxfn_positions)
 
     def __contains__(self, item: object) -> bool:
-        return item in self._names if isinstance(item, str) else item in self._positions
+        return item in self._jaxfn_names if isinstance(item, str) else item in self._jaxfn_positions
 
     def __repr__(self) -> str:
-        return "NeedsInputGrad(" + ", ".join(f"{k}={v}" for k, v in self._names.items()) + ")"
+        return "NeedsInputGrad(" + ", ".join(f"{k}={v}" for k, v in self._jaxfn_names.items()) + ")"
 
-    def _hint(self) -> str:
-        names = ", ".join(map(repr, self._names)) or "none"
+    def _jaxfn_hint(self) -> str:
+        names = ", ".join(map(repr, self._jaxfn_names)) or "none"
         return (
             f" (the parameters are {names}; each element of a *args parameter counts as one); or ask by name, "
             "ctx.needs_input_grad.<name>"
@@ -198,16 +199,16 @@ class NeedsInputGrad(_View, Sequence):
 
 
 def _check_position(view: Any, count: int, index: Any) -> None:
-    """Refuse an int ``index`` past the end of a view's ``count`` entries, one ``view._per``
-    something, naming the view (``view._what``) and what it holds (``view._hint()``)."""
+    """Refuse an int ``index`` past the end of a view's ``count`` entries, one ``view._jaxfn_per``
+    something, naming the view (``view._jaxfn_what``) and what it holds (``view._jaxfn_hint()``)."""
     if isinstance(index, int) and not -count <= index < count:
         positions = f"positions are 0 to {count - 1}" if count > 1 else ("it has none", "the only position is 0")[count]
         entries = f"{count} entr{'y' if count == 1 else 'ies'}"
         raise error(
             ContextIndexError,
-            view._function,
-            f"{view._what}[{index}] is out of range: it has {entries}, one per {view._per}, so {positions}"
-            + view._hint(),
+            view._jaxfn_function,
+            f"{view._jaxfn_what}[{index}] is out of range: it has {entries}, one per {view._jaxfn_per}, so {positions}"
+            + view._jaxfn_hint(),
         )
 
 

@@ -364,3 +364,21 @@ def test_saved_variables_and_needs_input_grad_copy_and_pickle_as_themselves():
 
     f = jaxfn.autograd_function(forward, backward, name="f")
     assert float(jax.grad(lambda x: f(x, 3.0))(2.0)) == 4.0
+
+
+def test_saves_and_parameters_named_with_an_underscore_read_as_the_users():
+    """ctx.saved_variables.<name> and ctx.needs_input_grad.<name> give the user's value for any
+    name, also one like a private attribute (``_names``, ``_what``: the views' own read those)."""
+
+    def forward(ctx, _what, _per):
+        ctx.save_for_backward(_hint=_what, _names=_per, _function=_what)
+        return _what * _per
+
+    def backward(ctx, g):
+        s, n = ctx.saved_variables, ctx.needs_input_grad
+        assert n._what is True and n._per is False
+        assert all(isinstance(v, jax.Array) for v in (s._hint, s._names, s._function))
+        return {"_what": g * s._names}
+
+    f = jaxfn.autograd_function(forward, backward, name="f")
+    assert float(jax.grad(f)(jnp.array(2.0), jnp.array(3.0))) == 3.0
