@@ -121,8 +121,8 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
 
             examples = [_rule.zeros_like(out[i]) for i in outs]
             with _rule.plain_forward(), _jax_private.anomaly_context(False):
-                transpose = _linear_transpose(definition.name, pullback, examples)
-                out_tangents = _transposed(definition.name, transpose, list(given))
+                transpose = _transposing(definition.name, jax.linear_transpose, pullback, *examples)
+                out_tangents = _transposing(definition.name, transpose, list(given), needs_values=())
                 _check_offset(definition.name, pullback, examples, names)
             return list(out_tangents)
 
@@ -149,40 +149,28 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     return call
 
 
-def _linear_transpose(name: str, pullback: Callable[..., Any], examples: list[Any]) -> Callable[..., Any]:
+def _transposing(name: str, step: Callable[..., Any], *args: Any, needs_values: tuple = _NEEDS_VALUES) -> Any:
+    """``step(*args)``, a step of transposing backward (``jax.linear_transpose``, which traces
+    it; then the transpose, where a non-linear operation fails), its failure said in jaxfn's
+    words: a host function that ran on grad_output is named; a need for concrete values (an
+    error of ``needs_values``, or one that caused a jaxfn function's error) is refused as such;
+    another jaxfn function's error is its own; any other failure is JAX's refusal to transpose."""
     try:
-        return jax.linear_transpose(pullback, *examples)
+        return step(*args)
     except Exception as err:  # noqa: BLE001 - any failure to transpose is reported in jaxfn's words
         cause = err.__cause__ if isinstance(err, AutogradFunctionError) else err  # backward's own, named
-        if not isinstance(err, AutogradFunctionError):
-            _refuse_host_on_grad_output(err)
-        if isinstance(err, AutogradFunctionError) and not isinstance(cause, _NEEDS_VALUES):
-            raise  # a jaxfn function that backward calls said what is wrong, naming itself
-        if isinstance(cause, _NEEDS_VALUES):
+        hosts = _rule.hosts_in_plain_forward()  # host functions that ran here: JAX can't transpose host code
+        if hosts and not isinstance(err, AutogradFunctionError):
+            raise error(AutogradFunctionTypeError, hosts[0], _rule.HOST_IN_GATE) from err
+        if isinstance(cause, needs_values):
             what = (
                 f"it needs the concrete value of grad_output ({type(cause).__name__}), which a linear function "
                 "never does"
             )
             raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what)) from None
+        if isinstance(err, AutogradFunctionError):
+            raise  # a jaxfn function that backward calls said what is wrong, naming itself
         raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=_failure(err))) from err
-
-
-def _transposed(name: str, transpose: Callable[..., Any], tangents: list[Any]) -> Any:
-    try:
-        return transpose(tangents)
-    except AutogradFunctionError:
-        raise
-    except Exception as err:  # noqa: BLE001 - JAX transposes here: a non-linear operation fails now
-        _refuse_host_on_grad_output(err)
-        raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=_failure(err))) from err
-
-
-def _refuse_host_on_grad_output(err: Exception) -> None:
-    """Where a host function ran while backward was transposed, JAX's failure is that it can't
-    transpose host code (on grad_output): refused naming the host function."""
-    hosts = _rule.hosts_in_plain_forward()
-    if hosts:
-        raise error(AutogradFunctionTypeError, hosts[0], _rule.HOST_IN_GATE) from err
 
 
 def _failure(err: Exception) -> str:
@@ -213,35 +201,33 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
             "to zero, so the forward-mode derivative would silently lose that term"
         )
         raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
-    arrays = [isinstance(c, jax.Array) for c in closed.consts]
-    zeros = [np.zeros(np.shape(e), e.dtype) for e in examples]
-    real = None if any(isinstance(c, Tracer) for c in closed.consts) else list(closed.consts)
     # not inside jax.shard_map, whose collectives and varying casts run only there (a known limit:
     # a constant term is not seen there); not on made-up values where backward calls back into Python
     if _jax_private.inside_shard_map() or _jax_private.uses_mesh_axes(closed.jaxpr):
         return
+    real = [] if any(isinstance(c, Tracer) for c in closed.consts) else [list(closed.consts)]  # where concrete
     probes = ("normal", "negated", "ones") if not _jax_private.calls_back(closed.jaxpr) else ()
-    if real is None and not probes:  # see only real values
+    if not real and not probes:  # see only real values
         return
+    zeros = [np.zeros(np.shape(e), e.dtype) for e in examples]
 
     x64 = _jax_private.x64()  # a setting of this thread (jax.enable_x64 as a context), carried over
 
-    def offsets() -> list[list[np.ndarray]]:  # in a thread of its own: no outer trace there
+    def offsets() -> list[tuple[str, np.ndarray]]:  # in a thread of its own: no outer trace there
         with jax.enable_x64(x64):
-            candidates = ([real] if real is not None else []) + [_probe(closed.consts, arrays, k) for k in probes]
+            candidates = real + [_probe(closed.consts, k) for k in probes]
             run = [jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*zeros) for consts in candidates]
-            return [[np.asarray(o) for o in out] for out in run]
+            return [(where, np.asarray(o)) for out in run for where, o in zip(names, out)]
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         evaluated = pool.submit(offsets).result()
-    for values in evaluated:
-        for where, value in zip(names, values):
-            if np.any((value != 0) & np.isfinite(value)):  # 0 * inf (an infinite derivative) is no constant term
-                what = (
-                    f"its gradient for '{where}' is not zero when grad_output is zero (it has a constant term, "
-                    "as in g + c, or does not depend on grad_output)"
-                )
-                raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
+    for where, value in evaluated:
+        if np.any((value != 0) & np.isfinite(value)):  # 0 * inf (an infinite derivative) is no constant term
+            what = (
+                f"its gradient for '{where}' is not zero when grad_output is zero (it has a constant term, "
+                "as in g + c, or does not depend on grad_output)"
+            )
+            raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
 
 
 def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
@@ -270,22 +256,19 @@ def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
     return None
 
 
-def _probe(consts: list[Any], arrays: list[bool], kind: str) -> list[Any]:
+def _probe(consts: list[Any], kind: str) -> list[Any]:
     """Stand-ins for the arrays backward reads, whatever they hold (under ``jit`` nobody knows)."""
     rng = np.random.default_rng(0)
-    return [_stand_in(rng, c, kind) if a else c for c, a in zip(consts, arrays)]
+    return [_stand_in(rng, c, kind) if isinstance(c, jax.Array) else c for c in consts]
 
 
 def _stand_in(rng: np.random.Generator, const: Any, kind: str) -> Any:
     shape, dtype = tuple(np.shape(const)), const.dtype
     if jnp.issubdtype(dtype, jax.dtypes.extended):  # PRNG keys: some keys
         return jax.random.split(jax.random.key(0), max(1, int(np.prod(shape)))).reshape(shape)
-    if jnp.issubdtype(dtype, jnp.bool_):
-        values = {"normal": rng.random(shape) < 0.5, "negated": np.zeros(shape, bool), "ones": np.ones(shape, bool)}
-        return jnp.asarray(values[kind])
-    if jnp.issubdtype(dtype, jnp.integer):
-        values = {"normal": rng.integers(0, 3, shape), "negated": np.zeros(shape), "ones": np.ones(shape)}
-        return jnp.asarray(values[kind], dtype)
+    if jnp.issubdtype(dtype, jnp.bool_) or jnp.issubdtype(dtype, jnp.integer):  # random, zeros, ones
+        normal = rng.random(shape) < 0.5 if jnp.issubdtype(dtype, jnp.bool_) else rng.integers(0, 3, shape)
+        return jnp.asarray({"normal": normal, "negated": np.zeros(shape), "ones": np.ones(shape)}[kind], dtype)
     normal = rng.standard_normal(shape)
     if jnp.issubdtype(dtype, jnp.complexfloating):
         normal = normal + 1j * rng.standard_normal(shape)
@@ -312,33 +295,34 @@ def out_tangents(name: str, info: Outputs, returned: Any, xp: Any = jnp) -> list
     """The user's jvp result, one tangent per differentiable output array, checked and cast to
     its output's dtype (``xp``: ``numpy`` for a host jvp)."""
     leaves = _outputs.per_leaf(name, info, info.is_sequence, returned, "jvp", "tangent")
-    tangents = []
     array_leaves = [leaf for leaf, is_array in zip(leaves, info.is_array) if is_array]
-    for index, (tangent, aval, differentiable) in enumerate(zip(array_leaves, info.avals, info.differentiable)):
-        if not differentiable:
-            continue
-        if tangent is None:
-            tangents.append(xp.zeros(aval.shape, aval.dtype))
-            continue
-        if not isinstance(tangent, (jax.Array, np.ndarray, np.generic, int, float, complex)):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"jvp must return one tangent per output, an array, but for output {index} it returned "
-                f"{type_name(tangent)}; return an array shaped as that output (or None for a zero tangent)",
-            )
-        check_dtype(name, f"jvp must return one tangent per output, but the tangent of output {index}", tangent, aval)
-        shape = jnp.shape(tangent)
-        if shape != tuple(aval.shape):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"jvp must return one tangent per output, of the output's shape, but the tangent of output {index} "
-                f"has shape {shape} where the output has {tuple(aval.shape)}; return a tangent shaped as forward's "
-                "output",
-            )
-        tangents.append(xp.asarray(tangent, aval.dtype))
-    return tangents
+    per_output = enumerate(zip(array_leaves, info.avals, info.differentiable))
+    return [_out_tangent(name, index, tangent, aval, xp) for index, (tangent, aval, d) in per_output if d]
+
+
+def _out_tangent(name: str, index: int, tangent: Any, aval: Any, xp: Any) -> Any:
+    """The tangent of output array ``index`` as the user's jvp returned it, checked and cast
+    (zeros for None)."""
+    if tangent is None:
+        return xp.zeros(aval.shape, aval.dtype)
+    if not isinstance(tangent, (jax.Array, np.ndarray, np.generic, int, float, complex)):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"jvp must return one tangent per output, an array, but for output {index} it returned "
+            f"{type_name(tangent)}; return an array shaped as that output (or None for a zero tangent)",
+        )
+    check_dtype(name, f"jvp must return one tangent per output, but the tangent of output {index}", tangent, aval)
+    shape = jnp.shape(tangent)
+    if shape != tuple(aval.shape):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            f"jvp must return one tangent per output, of the output's shape, but the tangent of output {index} "
+            f"has shape {shape} where the output has {tuple(aval.shape)}; return a tangent shaped as forward's "
+            "output",
+        )
+    return xp.asarray(tangent, aval.dtype)
 
 
 def check_dtype(name: str, who: str, value: Any, aval: Any) -> None:
