@@ -124,3 +124,19 @@ def run_on_8_devices(code: str, cwd: str) -> subprocess.CompletedProcess:
     """``python -c code`` with 8 host CPU devices (set before JAX is imported), bounded in time."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+@jax.tree_util.register_pytree_node_class
+class StaticNode:
+    """A pytree node with one array child and static (aux) data of the test's choosing: equal
+    values of different types (1 and 1.0), or an unhashable dict."""
+
+    def __init__(self, value, static):
+        self.value, self.static = value, static
+
+    def tree_flatten(self):
+        return (self.value,), self.static
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        return cls(children[0], static)

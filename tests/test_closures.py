@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from seeds import StaticNode
 
 import jaxfn
 
@@ -761,33 +762,18 @@ def test_a_closure_called_in_backward_with_other_python_values_is_named_or_right
         np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
 
 
-@jax.tree_util.register_pytree_node_class
-class _Scaled:
-    """A pytree node whose static data is a Python number (1 and 1.0 are equal, yet differ)."""
-
-    def __init__(self, value, scale):
-        self.value, self.scale = value, scale
-
-    def tree_flatten(self):
-        return (self.value,), self.scale
-
-    @classmethod
-    def tree_unflatten(cls, scale, children):
-        return cls(children[0], scale)
-
-
 def test_a_function_argument_keeps_one_program_per_strict_call_key():
     """A function argument holding a traced value is traced once per call signature, keyed
     strictly: a pytree node with static data 1 and one with 1.0 are two signatures (keyed by
     ``==`` they shared the program traced for 1, a silent wrong value)."""
 
     def forward(ctx, x, g):
-        return g(_Scaled(x, 1)) + g(_Scaled(x, 1.0))
+        return g(StaticNode(x, 1)) + g(StaticNode(x, 1.0))
 
     f = jaxfn.autograd_function(forward, lambda ctx, grad: {"x": grad}, name="f")
 
     def run(w):
-        g = lambda node: node.value * (2.0 if isinstance(node.scale, float) else 3.0) * w  # noqa: E731
+        g = lambda node: node.value * (2.0 if isinstance(node.static, float) else 3.0) * w  # noqa: E731
         return f(jnp.ones(2), g).sum()
 
     assert float(jax.jit(run)(1.0)) == 10.0  # (3 + 2) * 2 elements

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from seeds import StaticNode
 
 import jaxfn
 
@@ -392,19 +393,7 @@ def test_jit_true_hands_forward_the_static_value_it_was_given(values):
 
 
 def test_jit_true_refuses_unhashable_pytree_static_data():
-    @jax.tree_util.register_pytree_node_class
-    class Node:
-        def __init__(self, a, meta):
-            self.a, self.meta = a, meta
-
-        def tree_flatten(self):
-            return (self.a,), self.meta
-
-        @classmethod
-        def tree_unflatten(cls, meta, children):
-            return cls(children[0], meta)
-
-    f = jaxfn.autograd_function(lambda ctx, node: node.a * 2, _no_backward, name="node", jit=True)
+    f = jaxfn.autograd_function(lambda ctx, node: node.value * 2, _no_backward, name="node", jit=True)
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'node': with jit=True .* but that of 'node' is not; make"):
-        f(Node(jnp.ones(2), {"a": 1}))
-    np.testing.assert_allclose(f(Node(jnp.ones(2), ("a", 1))), [2.0, 2.0])
+        f(StaticNode(jnp.ones(2), {"a": 1}))
+    np.testing.assert_allclose(f(StaticNode(jnp.ones(2), ("a", 1))), [2.0, 2.0])

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
+from seeds import StaticNode
 
 import jaxfn
 
@@ -719,21 +720,6 @@ def test_a_numpy_vmap_rule_of_a_host_function_under_jit_says_the_rule_is_jax_cod
         jax.jit(jax.vmap(f))(jnp.ones((2, 3)))
 
 
-@jax.tree_util.register_pytree_node_class
-class _Tagged:
-    """A pytree node whose static data is a dict (unhashable)."""
-
-    def __init__(self, value, tags):
-        self.value, self.tags = value, tags
-
-    def tree_flatten(self):
-        return (self.value,), self.tags
-
-    @classmethod
-    def tree_unflatten(cls, tags, children):
-        return cls(children[0], tags)
-
-
 def test_a_host_argument_whose_pytree_static_data_is_unhashable_is_probed_each_call():
     """A host function's probe is kept per call signature; a signature with no key (a node's
     unhashable static data) is probed again on each call (it raised TypeError: unhashable type)."""
@@ -743,10 +729,10 @@ def test_a_host_argument_whose_pytree_static_data_is_unhashable_is_probed_each_c
         return np.sin(node.value)
 
     def backward(ctx, grad):
-        return {"node": _Tagged(grad * np.cos(ctx.saved_variables.x), {"a": 1})}
+        return {"node": StaticNode(grad * np.cos(ctx.saved_variables.x), {"a": 1})}
 
     h = jaxfn.autograd_function(forward, backward, host=True, name="h")
     x = jnp.array([0.5, 1.0])
-    np.testing.assert_allclose(jax.jit(lambda x: h(_Tagged(x, {"a": 1})))(x), np.sin(x), rtol=1e-6)
-    grad = jax.grad(lambda x: h(_Tagged(x, {"a": 1})).sum())(x)
+    np.testing.assert_allclose(jax.jit(lambda x: h(StaticNode(x, {"a": 1})))(x), np.sin(x), rtol=1e-6)
+    grad = jax.grad(lambda x: h(StaticNode(x, {"a": 1})).sum())(x)
     np.testing.assert_allclose(grad, np.cos(x), rtol=1e-6)
