@@ -271,10 +271,6 @@ class _State:
             parameters=((), ()),
         )
 
-    def refusal(self, sentence: str) -> AutogradFunctionError:
-        """The error for a misuse of the context, in its function's name."""
-        return error(AutogradFunctionTypeError, self.function, sentence)
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Remainder(Split):
@@ -388,9 +384,11 @@ class Context:
         """
         self._forward_only("set_materialize_grads")
         if not isinstance(value, (bool, np.bool_)):  # "False" would switch nothing off
-            raise self._state.refusal(
+            raise error(
+                AutogradFunctionTypeError,
+                self._state.function,
                 f"ctx.set_materialize_grads() takes True or False, as in PyTorch, but got {type_name(value)} "
-                f"({value!r})"
+                f"({value!r})",
             )
         self._state.materialize = bool(value)
 
@@ -405,11 +403,13 @@ class Context:
         ids = {id(x) for x in self._state.inputs}
         for position, value in enumerate(inputs):
             if id(value) not in ids:
-                raise self._state.refusal(
+                raise error(
+                    AutogradFunctionTypeError,
+                    self._state.function,
                     f"ctx.mark_dirty() takes this call's array inputs, but its argument {position} is "
                     + ("an array" if hasattr(value, "shape") else type_name(value))
                     + " that is not one of them; pass the very arrays forward received (JAX arrays are immutable: "
-                    "x += 1 or x.at[i].set(v) makes a new array, so mark the input and return the new one)"
+                    "x += 1 or x.at[i].set(v) makes a new array, so mark the input and return the new one)",
                 )
 
     # -- read in backward ------------------------------------------------------------------
@@ -447,8 +447,10 @@ class Context:
     # -- user attributes -------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _OWN_NAMES:
-            raise self._state.refusal(
-                f"ctx.{name} belongs to the context and can't be overwritten; store your value under another name"
+            raise error(
+                AutogradFunctionTypeError,
+                self._state.function,
+                f"ctx.{name} belongs to the context and can't be overwritten; store your value under another name",
             )
         self._attrs[name] = value
 
@@ -471,7 +473,9 @@ class Context:
 
     def _forward_only(self, method: str) -> None:
         if not self._state.in_forward:
-            raise self._state.refusal(f"ctx.{method}() can only be called in forward")
+            raise error(
+                AutogradFunctionTypeError, self._state.function, f"ctx.{method}() can only be called in forward"
+            )
 
     def _bind_parameters(self, names: Sequence[str], values: Sequence[Any]) -> None:
         """Forward's parameters by name, while it runs (what ``mark_non_differentiable`` names)."""
@@ -489,7 +493,7 @@ class Context:
         arrays, parts, paths = split_with_paths(held, crosses)
         for path, leaf in zip(paths, parts.statics):
             if leaf is not None and _tracers.holds_tracer(leaf):
-                raise state.refusal(_hidden_tracer(path, names, leaf))
+                raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))
         save_names = tuple(_save_name(path, names) for path, array in zip(paths, parts.is_array) if array)
         return arrays, Remainder(parts.treedef, parts.is_array, parts.statics, state.holding((), {}), names, save_names)
 
