@@ -112,7 +112,8 @@ def _closed_over(
         return unchanged
     values = {}
     for name, value in closed.items():
-        if not _is_leaf(value) or isinstance(value, jax.Array):  # an array, or a pytree (an Equinox module)
+        is_leaf = jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
+        if not is_leaf or isinstance(value, jax.Array):  # an array, or a pytree (an Equinox module)
             values[name] = value
         elif callable(value):  # a function holding the values: a callable pytree of them
             values[name] = _tracers.Closure.holding(value, _tracers.tracers_in(value), definition.name, name)
@@ -143,10 +144,6 @@ def _undecorated(function: Any) -> Any:
     if getattr(function, _rule.ONCE_DIFFERENTIABLE, False):
         function = getattr(function, "__wrapped__", function)
     return None if hasattr(function, "__wrapped__") else function
-
-
-def _is_leaf(value: Any) -> bool:
-    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
 
 
 def _with_keyword_only(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:

@@ -20,7 +20,8 @@ from ._errors import AutogradFunctionTypeError, error, type_name
 
 
 def call(definition: _rule.Definition, args: Arguments) -> Any:
-    """Forward's output for one eager call, op by op."""
+    """Forward's output for one eager call, op by op (also a traced call inside
+    ``_rule.plain_forward``, where forward's operations are what JAX transposes)."""
     out, info = _rule.primal(definition, args, args.arrays)
     return info.rebuild(out)
 
@@ -46,9 +47,7 @@ class Compiled:
         ``jax.jit`` alone keys it (the arrays' shapes and dtypes are the whole signature). MISS
         for any other call."""
         positional = self._definition.positional
-        if positional is None or len(args) != len(positional):
-            return MISS
-        if not _jax_private.concrete_arrays_outside_traces(args):
+        if positional is None or len(args) != len(positional) or not _jax_private.concrete_arrays_outside_traces(args):
             return MISS
         return self._arrays_only(*args)
 
@@ -67,18 +66,13 @@ class Compiled:
 class _Apart:
     """What a jitted call's output holds besides its arrays (a ``_split.Split``), as a pytree node
     with no children: it rides in the output's structure, which ``jax.jit`` keeps per compiled
-    program."""
+    program. Compared and hashed by identity (``object``'s own), so the parts may hold any value,
+    hashable or not."""
 
     __slots__ = ("parts",)
 
     def __init__(self, parts: _split.Split):
         self.parts = parts
-
-    def __eq__(self, other: object) -> bool:  # by identity: any value, hashable or not
-        return self is other
-
-    def __hash__(self) -> int:
-        return id(self)
 
     def tree_flatten(self) -> tuple[tuple[()], Any]:
         return (), self

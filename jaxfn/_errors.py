@@ -10,6 +10,7 @@ what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck: '<functi
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -242,11 +243,8 @@ def tracer_error_help(
         return f"{role} {_WHAT[kind]}, but {_WHY.format(role=role)}; {_FIX.get(kind, _DEFAULT_FIX)}"
     name, value = parameter
     flag = jax.numpy.issubdtype(value.dtype, jax.numpy.integer) or jax.numpy.issubdtype(value.dtype, jax.numpy.bool_)
-    aval = f"{value.dtype}[]"
-    if traced_by == "jit":
-        fix = _STATIC_FIX.format(name=name, aval=aval, differentiated="" if flag else _IF_DIFFERENTIATED)
-    else:
-        fix = {"vmap": _VMAP_FIX, "loop": _LOOP_FIX}.get(traced_by or "", _TRACED_FIX).format(name=name, aval=aval)
+    template = {"jit": _STATIC_FIX, "vmap": _VMAP_FIX, "loop": _LOOP_FIX}.get(traced_by or "", _TRACED_FIX)
+    fix = template.format(name=name, aval=f"{value.dtype}[]", differentiated="" if flag else _IF_DIFFERENTIATED)
     return f"{role} {_WHAT[kind]}: its argument '{name}', {fix}"
 
 
@@ -272,12 +270,7 @@ def concretized(err: BaseException) -> Any:
     frame holds more than one, which one is not known: None. A guess about JAX's code that fails
     safe (None: the message says the fix in general), checked by the tests on every JAX the
     package allows."""
-    frames = []
-    trace = err.__traceback__
-    while trace is not None:
-        frames.append(trace.tb_frame)
-        trace = trace.tb_next
-    for frame in reversed(frames):
+    for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
         held = {id(t): t for t in _tracers_in(frame.f_locals.values())}
         if held:
             return next(iter(held.values())) if len(held) == 1 else None

@@ -85,7 +85,7 @@ class AutogradFunction:
         else:
             self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
-        _refuse_combinations(self.name, self._definition, self.forward_mode, setup_context, host, self.jit)
+        _refuse_combinations(self.name, self._definition, self.forward_mode, host, self.jit)
         self._host = _host.HostFunction(self._definition, output) if host else None
         # the plan, decided once: which builder, and whether forward mode is the function's own
         self._forward_mode = self.forward_mode or self._definition.jvp is not None  # derived, or the user's jvp
@@ -100,7 +100,8 @@ class AutogradFunction:
         self.__doc__ = forward.__doc__
         self.__name__ = self.name
         # forward's parameters without ctx, as inspect.signature (and so jax.jit's static_argnames) reads them
-        self.__signature__ = _without_context(self._definition.signature)
+        signature = self._definition.signature
+        self.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
 
     @property
     def forward(self) -> Callable[..., Any]:
@@ -137,10 +138,9 @@ class AutogradFunction:
         definition, arguments = _closures.of(self._definition, arguments, self._user, self._closed_over_parameters)
         if not self._forward_mode and any(_jax_private.is_forward_mode_tracer(a) for a in arguments.arrays):
             raise error(AutogradFunctionTypeError, self.name, _rule.FORWARD_MODE_HELP)
-        if _rule.in_plain_forward():  # forward mode's gate transposes through this call's forward
+        if _jax_private.plain_forward_on():  # forward mode's gate transposes through this call's forward
             if self._host is None:
-                out, info = _rule.primal(definition, arguments, arguments.arrays)
-                return info.rebuild(out)
+                return _eager.call(definition, arguments)
             # host code runs as itself (on saved values only, it needs no transpose), noted for the message
             _rule.note_host_in_plain_forward(self.name)
         if self._host is not None:  # the host code's callbacks, as a rule like any other
@@ -191,8 +191,7 @@ class AutogradFunction:
           Forward's output structure with a bool (or `None`) in place of each leaf.
         """
         info = self.outputs(*args, **kwargs)
-        flags = iter(info.differentiable)
-        return info.rebuild([next(flags) for _ in info.avals])
+        return info.rebuild(info.differentiable)  # one flag per array leaf
 
 
 def _explain(err: Exception) -> str | None:
@@ -206,7 +205,7 @@ def _explain(err: Exception) -> str | None:
     return None
 
 
-def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, setup_context, host, jit) -> None:
+def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, host, jit) -> None:
     """Options that can't go together, refused when the function is made."""
     if host and (forward_mode or jit):
         raise error(
@@ -456,11 +455,7 @@ class Function:
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
-        forward, backward, vjp = (
-            getattr(cls, "forward", None),
-            getattr(cls, "backward", None),
-            getattr(cls, "vjp", None),
-        )
+        forward, backward, vjp = (getattr(cls, n, None) for n in ("forward", "backward", "vjp"))
         jvp, vmap = getattr(cls, "jvp", None), getattr(cls, "vmap", None)
         if backward is not None and vjp is not None:
             raise error(
@@ -478,18 +473,8 @@ class Function:
         backward = backward if backward is not None else vjp
         cls._jaxfn = None
         if forward is not None and backward is not None:
-            cls._jaxfn = AutogradFunction(
-                forward,
-                backward,
-                name=cls.__name__,
-                forward_mode=cls.forward_mode,
-                setup_context=cls.setup_context,
-                host=cls.host,
-                output=cls.output,
-                jit=cls.jit,
-                jvp=jvp,
-                vmap=vmap,
-            )
+            options = {n: getattr(cls, n) for n in ("forward_mode", "setup_context", "host", "output", "jit")}
+            cls._jaxfn = AutogradFunction(forward, backward, name=cls.__name__, jvp=jvp, vmap=vmap, **options)
 
         if cls._jaxfn is not None and "apply" not in cls.__dict__:  # .apply's signature: forward's, without ctx
             cls.apply = classmethod(_apply_with_signature(cls._jaxfn.__signature__))  # type: ignore[method-assign]
@@ -525,10 +510,6 @@ class Function:
                 "before .apply can be called",
             )
         return cls._jaxfn(*args, **kwargs)
-
-
-def _without_context(signature: inspect.Signature) -> inspect.Signature:
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _apply_with_signature(signature: inspect.Signature) -> Callable[..., Any]:

@@ -59,9 +59,7 @@ def jax_version() -> tuple[int, int]:
 def upgrade_flag(name: str) -> bool:
     """Whether one of JAX's upgrade flags is on (see ``NEWEST_KNOWN_JAX`` for a flag JAX lacks)."""
     value = getattr(jax.config, name, None)
-    if value is None:
-        return jax_version() > NEWEST_KNOWN_JAX
-    return bool(value)
+    return jax_version() > NEWEST_KNOWN_JAX if value is None else bool(value)
 
 
 def remat3() -> bool:
@@ -96,8 +94,7 @@ def refused_closure(err: Exception) -> bool:
 def refused_transpose_of_custom_vjp(err: Exception) -> bool:
     """Whether ``err`` is JAX failing to transpose a ``jax.custom_vjp`` call (its equation's name
     in the message, jax 0.10-0.12; ``CustomVJPTraced`` with ``jax_custom_vjp3``)."""
-    text = str(err)
-    return "custom_vjp_call" in text or "CustomVJPTraced" in text
+    return any(name in str(err) for name in ("custom_vjp_call", "CustomVJPTraced"))
 
 
 def refused_transpose_of_product(err: Exception) -> bool:
@@ -123,10 +120,10 @@ def is_differentiating_tracer(value: Any) -> bool:
 def refused_by_hijax(err: Exception) -> bool:
     """With jax_custom_vjp3 on, JAX's custom_vjp refuses forward mode with a bare
     NotImplementedError from its ``jvp``/``lin`` methods (jax/_src/hijax.py)."""
-    if not isinstance(err, NotImplementedError):
-        return False
-    frames = traceback.extract_tb(err.__traceback__)
-    return any(f.filename.endswith("hijax.py") and f.name in ("jvp", "lin", "linearized") for f in frames)
+    return isinstance(err, NotImplementedError) and any(
+        frame.f_code.co_filename.endswith("hijax.py") and frame.f_code.co_name in ("jvp", "lin", "linearized")
+        for frame, _ in traceback.walk_tb(err.__traceback__)
+    )
 
 
 def refused_in_eager_shard_map(err: Exception) -> bool:
@@ -195,9 +192,7 @@ def saved_residuals(f: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, str]]:
 # "from the argument x", "output of custom_vjp_call from <file>:<line>".
 def residual_name(description: str) -> str | None:
     """The checkpoint name in a residual's description, or None."""
-    if description.startswith("named '"):
-        return description[len("named '") :].split("'", 1)[0]
-    return None
+    return description[len("named '") :].split("'", 1)[0] if description.startswith("named '") else None
 
 
 def residual_is_argument(description: str) -> bool:
@@ -252,8 +247,7 @@ def refused_fwd_output(err: Exception) -> bool:
     """JAX's TypeError when a custom_vjp's fwd gives an output other than its primal's (the text
     of jax 0.10-0.12's ``_flatten_fwd``: "Custom VJP fwd rule ... must produce a pair" or "...
     must produce primal outputs with equal container")."""
-    text = str(err)
-    return isinstance(err, TypeError) and "Custom VJP fwd rule" in text and "must produce" in text
+    return isinstance(err, TypeError) and all(part in str(err) for part in ("Custom VJP fwd rule", "must produce"))
 
 
 # Primitives that call back into Python (jax.pure_callback, io_callback, jax.debug.callback): their
@@ -286,14 +280,12 @@ def uses_mesh_axes(jaxpr: Any) -> bool:
 def sub_jaxprs(params: dict[str, Any]) -> list[Any]:
     """The jaxprs an equation holds in its parameters (a jit's, a cond's branches, a scan's body;
     closed ones opened), as jax 0.10-0.12 keep them."""
-    found = []
-    for value in params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, ClosedJaxpr):
-                found.append(item.jaxpr)
-            elif isinstance(item, Jaxpr):
-                found.append(item)
-    return found
+    items = [item for value in params.values() for item in (value if isinstance(value, (tuple, list)) else (value,))]
+    return [
+        item.jaxpr if isinstance(item, ClosedJaxpr) else item
+        for item in items
+        if isinstance(item, (ClosedJaxpr, Jaxpr))
+    ]
 
 
 def sub_jaxpr_operands(eqn: Any, sub: Any) -> int | None:
@@ -374,12 +366,7 @@ _EXPORT_FILE = _os.path.join("jax", "_src", "export", "_export.py")
 
 def inside_export() -> bool:
     """Whether ``jax.export`` is tracing the current call (its module's frame is on the stack)."""
-    frame = _sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(_EXPORT_FILE):
-            return True
-        frame = frame.f_back
-    return False
+    return _on_stack(_EXPORT_FILE)
 
 
 # What jax.numpy says when a function whose output's size depends on the values (a compaction) runs
@@ -410,9 +397,9 @@ def sized_by_values(err: BaseException) -> tuple[str, str] | None:
     if found is None:
         return None
     names = [
-        frame.name
-        for frame in traceback.extract_tb(err.__traceback__)
-        if _JAX_NUMPY_DIR in frame.filename.replace("/", _os.sep)
+        frame.f_code.co_name
+        for frame, _ in traceback.walk_tb(err.__traceback__)
+        if _JAX_NUMPY_DIR in frame.f_code.co_filename.replace("/", _os.sep)
     ]
     if names and names[0] == "meth" and len(names) > 1:  # Array's method wrapper (array_methods.py)
         return f"x.{names[1].lstrip('_')}", found[1]
@@ -466,7 +453,8 @@ def _traced_by(value: Any, frame: Any, depth: int) -> str | None:
     if traced_for == "jit":  # under jax.vmap, jit's arguments may be batched ones: not known
         if depth == 0 and custom_vjp3():  # jax_custom_vjp3 traces forward as a jit of its own: not known
             return None
-        if _inside_api(_ABSTRACT_TRACES):  # jax.eval_shape, jax.make_jaxpr trace as jit does: no static_argnames
+        # jax.eval_shape, jax.make_jaxpr trace as jit does: no static_argnames
+        if _on_stack(_API_FILE, _ABSTRACT_TRACES):
             return None
         return None if _under_vmap(trace) else "jit"
     if traced_for in _LOOPS:
@@ -483,13 +471,11 @@ def _traced_by(value: Any, frame: Any, depth: int) -> str | None:
 def _custom_call_arguments(frame: Any, count: int) -> tuple[list[Any], Any] | None:
     """The arguments (``tracers``) of the nearest custom rule's call on the stack from ``frame``
     outward, and its frame, where it has ``count`` of them; else None."""
-    while frame is not None:
-        if frame.f_code.co_name in _CUSTOM_CALLS:
-            tracers = frame.f_locals.get("tracers")
-            if isinstance(tracers, (list, tuple)) and len(tracers) == count:
-                return list(tracers), frame
-            return None
+    while frame is not None and frame.f_code.co_name not in _CUSTOM_CALLS:
         frame = frame.f_back
+    tracers = None if frame is None else frame.f_locals.get("tracers")
+    if isinstance(tracers, (list, tuple)) and len(tracers) == count:
+        return list(tracers), frame
     return None
 
 
@@ -508,15 +494,13 @@ _API_FILE = _os.path.join("jax", "_src", "api.py")
 _ABSTRACT_TRACES = frozenset({"eval_shape", "make_jaxpr", "make_jaxpr_f"})  # jax 0.10-0.12's names in api.py
 
 
-def _inside_api(names: frozenset[str]) -> bool:
-    """Whether one of JAX's API functions ``names`` (in jax/_src/api.py) is on the stack."""
-    frame = _sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name in names and code.co_filename.endswith(_API_FILE):
-            return True
-        frame = frame.f_back
-    return False
+def _on_stack(file: str, names: frozenset[str] | None = None) -> bool:
+    """Whether a frame of JAX's module ``file`` (running one of its functions ``names``, where
+    given) is on the stack, from the caller's outward."""
+    return any(
+        frame.f_code.co_filename.endswith(file) and (names is None or frame.f_code.co_name in names)
+        for frame, _ in traceback.walk_stack(_sys._getframe(1))
+    )
 
 
 # JAX's loggers of a failed host callback (jax 0.10-0.12): they log its traceback before JAX raises.

@@ -113,11 +113,10 @@ def translate(
         if _jax_private.outside_traces(()):
             return None
         said = _compaction(role, err) or _with_parameter(role, err, parameters)
-        return said or (AutogradFunctionTypeError, _tracer_help(role, err), err)
+        return said or (AutogradFunctionTypeError, tracer_error_help(role, err) or str(err), err)
     if isinstance(err, AttributeError):
-        if _raised_in_installed_code(err):
-            return None  # a library the user calls made the call: not theirs to respell
-        sentence = _method_help(role, getattr(err, "name", None), getattr(err, "obj", None))
+        installed = _raised_in_installed_code(err)  # a library the user calls made the call: not theirs to respell
+        sentence = None if installed else _method_help(role, getattr(err, "name", None), getattr(err, "obj", None))
         return None if sentence is None else (ArrayAttributeError, sentence, err)
     if isinstance(err, (TypeError, ValueError, NotImplementedError)):
         sentence = _keyword_help(role, err) if isinstance(err, TypeError) else None
@@ -146,10 +145,6 @@ def _user_trace(err: BaseException) -> TracebackType | None:
     return user
 
 
-def _tracer_help(role: str, err: BaseException) -> str:
-    return tracer_error_help(role, err) or str(err)
-
-
 def _compaction(role: str, err: BaseException) -> Said | None:
     """The fixed-size message for a compaction (``jnp.nonzero(mask)``, ``jnp.unique(x)``...) JAX
     refused under a trace; None for any other error."""
@@ -161,8 +156,9 @@ def _with_parameter(
     role: str, err: BaseException, parameters: tuple[Sequence[str], Sequence[Any]] | None
 ) -> Said | None:
     """The tracer message naming forward's argument whose value JAX was asked for, where it is
-    known (a traced scalar, the very value forward got); None where it is not, or outside a trace."""
-    if parameters is None or _jax_private.outside_traces(()):
+    known (a traced scalar, the very value forward got); None where it is not. Called under a trace
+    only (``translate`` checks)."""
+    if parameters is None:
         return None
     tracer = concretized(err)
     if tracer is None or getattr(tracer, "shape", None) != ():
@@ -259,8 +255,7 @@ def _call_help(role: str, err: BaseException) -> str | None:
     torch_meaning, array_meaning = _SAME_NAME[func.attr]
     jax_array = isinstance(array, jax.Array) or array is _JAX_METHOD
     what = "a JAX array" if jax_array else _NUMPY_ARRAY
-    if not jax_array:
-        spelled = spelled.replace("jnp.", "np.")
+    spelled = spelled if jax_array else spelled.replace("jnp.", "np.")
     return (
         f"{role} called .{func.attr}({', '.join(ast.unparse(a) for a in node.args)}) as PyTorch's tensor method "
         f"({torch_meaning}) on {what}, whose .{func.attr} {array_meaning}; write {spelled}"

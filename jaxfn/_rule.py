@@ -38,7 +38,6 @@ class Definition:
     backward_signature: inspect.Signature | None
     positional: tuple[str, ...] | None  # forward's parameter names when all are plain positional
     varargs: str | None  # forward's *args parameter
-    user_functions: tuple[Callable[..., Any], ...]  # what the user wrote (the eager path reads them)
     once_differentiable: bool  # backward may not be differentiated again
     jvp: Callable[..., Any] | None = None  # the user's jvp(ctx, *tangents), if any
     vmap: Callable[..., Any] | None = None  # the user's vmap(info, in_dims, *args), if any
@@ -65,12 +64,10 @@ class Definition:
                 name,
                 f"vmap must be a function vmap(info, in_dims, *args), but got {type_name(vmap)}",
             )
-        user_functions: tuple[Callable[..., Any], ...] = (forward,)
         if setup_context is None:
             check_definition(name, "forward", forward)
         else:
             forward = _with_setup_context(name, forward, setup_context)
-            user_functions = (*user_functions, setup_context)
         signature = inspect.signature(forward)
         try:
             backward_signature = inspect.signature(backward)
@@ -84,7 +81,6 @@ class Definition:
             backward_signature,
             _arguments.positional_names(signature),
             _arguments.varargs_name(signature),
-            user_functions,
             bool(getattr(backward, ONCE_DIFFERENTIABLE, False)),
             jvp,
             vmap,
@@ -105,10 +101,8 @@ def _free_names(functions: tuple[Any, ...], signature: inspect.Signature) -> tup
     """The names the user's functions close over (not forward's parameters): a value forward or
     backward closes over is a parameter where it is differentiated (SPEC section 15), so
     ``ctx.needs_input_grad.<name>`` is False, not an error, where it is not."""
-    names: dict[str, None] = {}
-    for function in functions:
-        code = getattr(inspect.unwrap(function), "__code__", None)
-        names.update(dict.fromkeys(code.co_freevars if code is not None else ()))
+    codes = (getattr(inspect.unwrap(function), "__code__", None) for function in functions)
+    names = dict.fromkeys(name for code in codes if code is not None for name in code.co_freevars)
     return tuple(n for n in names if n not in signature.parameters)
 
 
@@ -160,11 +154,6 @@ def plain_forward() -> Iterator[None]:
             yield
     finally:
         _PLAIN.hosts = previous
-
-
-def in_plain_forward() -> bool:
-    """Whether ``plain_forward`` is on here."""
-    return _jax_private.plain_forward_on()
 
 
 def note_host_in_plain_forward(name: str) -> None:
@@ -254,16 +243,14 @@ def reverse(definition: Definition, args: Arguments) -> tuple[Callable[..., Any]
         if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
             out, (saved,) = outputs_again(again, out, saved)
         saved = _saves.named(definition.name, saved, remainder, arrays)
-        varying = varying_per_array(arrays)
-        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying))
+        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying_per_array(arrays)))
         return out, info, (saved, token)
 
     def backward(residuals: Any, cotangents: Any) -> tuple[list[Any], list[Any]]:
         saved, token = residuals
         remainder, info, avals, perturbed, varying = traces[token]
         ctx = Context.from_residuals(saved, remainder)
-        cts = run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed), varying)
-        return cts, avals
+        return run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed), varying), avals
 
     return forward, backward
 
