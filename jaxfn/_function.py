@@ -191,7 +191,7 @@ class AutogradFunction:
           Forward's output structure with a bool (or `None`) in place of each leaf.
         """
         info = self.outputs(*args, **kwargs)
-        return info.rebuild(info.differentiable)  # one flag per array leaf
+        return info.rebuild(info.differentiable, python_values=False)  # a flag per array leaf, None elsewhere
 
 
 def _explain(err: Exception) -> str | None:

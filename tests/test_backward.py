@@ -231,3 +231,15 @@ def test_gradient_for_pytree_parameter_with_none_subtree():
     got = jax.grad(lambda p: f(p, jnp.array([1.0, 3.0])).sum())(params)
     np.testing.assert_allclose(got["a"], 4.0)
     np.testing.assert_allclose(got["b"]["c"], 0.0)
+
+
+def test_output_differentiable_flags_each_array_leaf_and_gives_none_for_python_values():
+    """What the docstring says: a bool per array output (False where marked non-differentiable or
+    an integer), None for a Python value in the output (it gave the Python value itself)."""
+
+    def forward(ctx, x):
+        ctx.mark_non_differentiable(y := x * 3)
+        return x * 2, y, 3, "a", jnp.arange(2)
+
+    f = jaxfn.autograd_function(forward, lambda ctx, *gs: gs[0] * 2, name="f")
+    assert f.output_differentiable(jnp.ones(2)) == (True, False, None, None, False)
