@@ -55,8 +55,8 @@ def zeros(aval: Any) -> Any:
     return np.zeros(aval.shape, jax.dtypes.float0)
 
 
-def _instantiate(values: Any, avals: Any) -> tuple[Any, ...]:
-    """The values, with zeros for symbolic zeros and None."""
+def instantiate(values: Any, avals: Any) -> tuple[Any, ...]:
+    """The values, with zeros for symbolic zeros and None (``_primitive``'s tangents too)."""
     return tuple(zeros(a) if v is None or isinstance(v, HI_ZERO) else v for v, a in zip(values, avals))
 
 
@@ -82,9 +82,8 @@ class Batch:
     def __init__(self, axis_data: Any, dims: Any, spmd: bool = True):
         self.size, name, spmd_name = batch_axis(axis_data)
         self.dims, self.axes = tuple(dims), tuple(None if d is None else 0 for d in dims)
-        spmd_name = spmd_name if spmd else None
         self.vmap = functools.partial(
-            jax.vmap, out_axes=0, axis_size=self.size, axis_name=name, spmd_axis_name=spmd_name
+            jax.vmap, out_axes=0, axis_size=self.size, axis_name=name, spmd_axis_name=spmd_name if spmd else None
         )
 
     def front(self, values: Any) -> tuple[Any, ...]:
@@ -92,8 +91,7 @@ class Batch:
 
     def avals(self, avals: Any, axes: Any = None) -> tuple[Any, ...]:
         """The avals batched at ``axes`` (every one where None)."""
-        axes = (0,) * len(avals) if axes is None else axes
-        return tuple(a if d is None else batched_aval(a, self.size) for a, d in zip(avals, axes))
+        return tuple(a if d is None else batched_aval(a, self.size) for a, d in zip(avals, axes or (0,) * len(avals)))
 
     def backward(self, backward: Map, res_axes: Any, axes: Any) -> Map:
         """``backward`` (residuals, cotangents -> one cotangent or None per input) under ``vmap``:
@@ -137,7 +135,7 @@ class _Linear(HI_PRIMITIVE):
     def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
         (residuals, ts), (d_residuals, d_ts) = primals, tangents
         out = self(residuals, ts)
-        out_tangents = self(residuals, _instantiate(d_ts, self.in_avals[1]))
+        out_tangents = self(residuals, instantiate(d_ts, self.in_avals[1]))
         moved = [i for i, d in enumerate(d_residuals) if not isinstance(d, HI_ZERO)]
         if moved:  # the map is not linear in its residuals: their tangents go through its operations
             chosen = (tuple(residuals[i] for i in moved), tuple(d_residuals[i] for i in moved))
@@ -170,8 +168,8 @@ class _Linear(HI_PRIMITIVE):
         res_grads: list[Any] = [None] * len(residuals)
         if which:
             _, pullback = jax.vjp(self._on_residuals(ts, residuals, which), *[residuals[i] for i in which])
-            res_grads = _rule.replaced(res_grads, which, pullback(_instantiate(cotangents, self.out_aval)))
-        return _instantiate(res_grads, self.in_avals[0]), _instantiate(grads, self.in_avals[1])
+            res_grads = _rule.replaced(res_grads, which, pullback(instantiate(cotangents, self.out_aval)))
+        return instantiate(res_grads, self.in_avals[0]), instantiate(grads, self.in_avals[1])
 
     def batch(self, axis_data: Any, args: Any, dims: Any) -> tuple[Any, Any]:
         (residuals, ts), (r_dims, t_dims) = args, dims

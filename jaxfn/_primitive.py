@@ -125,13 +125,9 @@ class _Primitive(_BASE):
             return [grads[i] for i in which]
 
         given = tuple(tangents[i] for i in which)
-        computed = iter(
-            _linear.tangents(rules.name, forward, backward, primals, given, [self.out_aval[i] for i in outs])
-        )
-        out_tangents = [
-            next(computed) if d else _Zero(a.to_tangent_aval()) for d, a in zip(rules.out_diff, self.out_aval)
-        ]
-        return tuple(self(*primals)), tuple(out_tangents)
+        computed = _linear.tangents(rules.name, forward, backward, primals, given, [self.out_aval[i] for i in outs])
+        zeros = [_Zero(a.to_tangent_aval()) for a in self.out_aval]  # where no tangent is computed
+        return tuple(self(*primals)), tuple(_rule.replaced(zeros, outs, computed))
 
     def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
         # jax.linearize: the tangent function is the jvp rule on the primals, kept as residuals
@@ -143,10 +139,7 @@ class _Primitive(_BASE):
         # one tangent array per output, as JAX reads them (zeros, float0 for an integer output)
         if all(isinstance(t, _Zero) for t in tangents):  # nothing moves
             return tuple(map(_linear.zeros, self.out_aval))
-        return tuple(
-            _linear.zeros(a) if isinstance(t, _Zero) else t
-            for t, a in zip(self.jvp(primals, tangents)[1], self.out_aval)
-        )
+        return _linear.instantiate(self.jvp(primals, tangents)[1], self.out_aval)
 
     def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
         if all(d is None for d in dims):  # JAX may ask even when nothing is batched
@@ -249,8 +242,7 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
         rules = _Rules(definition.name, tuple(info.differentiable), primal, fwd, bwd, jvp, vmap)
         in_avals = tuple(jax.typeof(a) for a in arrays)
         out_avals = tuple(map(_jax_private.aval_of, shapes))  # inside shard_map: varying as forward's outputs
-        out = _Primitive(rules, in_avals, out_avals)(*arrays)
-        return info.rebuild(out)
+        return info.rebuild(_Primitive(rules, in_avals, out_avals)(*arrays))
 
     return call
 
@@ -304,11 +296,8 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
     assert vmap is not None
 
     def rule(size: int, dims: tuple[Any, ...], *arrays: Any) -> tuple[Any, Any]:
-        leaf_dims = _rule.replaced([None] * len(args.kinds), args.array_positions, dims)
-        values = args.values(arrays)
-        in_dims = jax.tree_util.tree_unflatten(args.treedef, leaf_dims)
-        by_slot = [(values[p], in_dims[p]) if i is None else (values[p][i], in_dims[p][i]) for p, i in args.slots]
-        handed = (VmapInfo(size, function=name), tuple(d for _, d in by_slot), *[v for v, _ in by_slot])
+        in_dims = tuple(args.by_slot(args.parameters(dims)))  # per slot: a dim or None per array leaf, None elsewhere
+        handed = (VmapInfo(size, function=name), in_dims, *args.by_slot(args.values(arrays)))
         returned = _rule.call_user(name, "vmap", vmap, handed, _vmap_takes(args))
         if not isinstance(returned, tuple) or len(returned) != 2:
             raise error(
