@@ -598,8 +598,9 @@ def test_a_jvp_result_in_another_structure_is_named():
 @pytest.mark.parametrize("rule", ["forward_mode", "jvp"])
 def test_linearize_of_a_vmap_rule_function_with_an_integer_output(rule):
     """jax.linearize of a function with a vmap rule and a forward-mode rule whose outputs include
-    an integer array: the tangent function gives the float output's tangent (it raised JAX's bare
-    AssertionError: the integer output's symbolic zero is no array leaf)."""
+    an integer array: the tangent function gives the float output's tangent and the integer
+    one's float0 zeros (it raised JAX's bare AssertionError: the integer output's symbolic zero is
+    no array leaf; then JAX's own, a NumPy float0 array is no constant a program may hold)."""
 
     def forward(ctx, x, k):
         return x * 2, k * 2
@@ -614,3 +615,9 @@ def test_linearize_of_a_vmap_rule_function_with_an_integer_output(rule):
         out, tangent_function = jax.linearize(transform(lambda x: f(x, k)[0]), x)
         np.testing.assert_allclose(tangent_function(t), 2 * t)
         np.testing.assert_allclose(out, 2 * x)
+        # both outputs: the integer one's tangent is float0 zeros, as JAX gives for plain code
+        (out, out_k), tangent_function = jax.linearize(transform(lambda x: f(x, k)), x)
+        tangent, tangent_k = tangent_function(t)
+        np.testing.assert_allclose(tangent, 2 * t)
+        assert tangent_k.dtype == jax.dtypes.float0 and tangent_k.shape == k.shape
+        np.testing.assert_array_equal(out_k, 2 * k)
