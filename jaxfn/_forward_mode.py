@@ -105,12 +105,9 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         def user_jvp(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: the user's jvp, on the context forward left for it."""
             full = _rule.replaced([None] * len(primals), wanted, given)
-            handed = tangents_by_slot(args, tuple(avals), full, ctx.materialize_grads)
-            jvp = definition.jvp
-            assert jvp is not None and view_remainder is not None  # chosen only with a jvp rule
+            assert view_remainder is not None  # chosen only with a jvp rule
             jvp_ctx = Context.from_residuals(list(residuals[len(named) :]), view_remainder)
-            returned = _rule.call_user(definition.name, "jvp", jvp, (jvp_ctx, *handed), _rule.jvp_takes(args))
-            return out_tangents(definition.name, info, returned)
+            return run_jvp(definition, args, jvp_ctx, tuple(avals), full, info, ctx.materialize_grads)
 
         def derived(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: backward transposed, gated (its checks run where tangents are made)."""
@@ -273,6 +270,27 @@ def _stand_in(rng: np.random.Generator, const: Any, kind: str) -> Any:
     if jnp.issubdtype(dtype, jnp.complexfloating):
         normal = normal + 1j * rng.standard_normal(shape)
     return jnp.asarray({"normal": normal, "negated": -normal, "ones": np.ones(shape)}[kind], dtype)
+
+
+def run_jvp(
+    definition: _rule.Definition,
+    args: Arguments,
+    ctx: Context,
+    primals: Any,
+    tangents: list[Any],
+    info: Outputs,
+    materialize: bool,
+    xp: Any = jnp,
+) -> list[Any]:
+    """The user's jvp rule, one step on every path (the traced tangent map, the vmap-rule
+    primitive, a host callback on NumPy, ``xp=np``): the tangents handed over by argument
+    (``tangents_by_slot``; one per array input, None where none moves), ``jvp(ctx, *tangents)``
+    on the context forward left for it, and its return read back per differentiable output
+    (``out_tangents``)."""
+    assert definition.jvp is not None  # called only for a function with a jvp rule
+    handed = tangents_by_slot(args, primals, tangents, materialize, xp=xp)
+    returned = _rule.call_user(definition.name, "jvp", definition.jvp, (ctx, *handed), _rule.jvp_takes(args))
+    return out_tangents(definition.name, info, returned, xp=xp)
 
 
 def tangents_by_slot(

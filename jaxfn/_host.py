@@ -276,15 +276,14 @@ def _host_jvp(
     """Runs in the callback: forward with a fresh context, then the user's jvp reading what it
     saved (``ctx.save_for_forward``) and its attributes, its tangents handed over and read back as
     the traced rule's are (``_forward_mode``); one tangent per output array."""
-    name = definition.name
-    assert definition.jvp is not None
     arrays, given = values[: len(present)], iter(values[len(present) :])
     ctx, out, _ = _rule.forward_with_context(definition, args, list(arrays), present)
-    _check_outputs(name, probe.info, out)
+    _check_outputs(definition.name, probe.info, out)
     tangents = [next(given) if flag else None for flag in present]
-    handed = _forward_mode.tangents_by_slot(args, arrays, tangents, ctx.materialize_grads, xp=np)
-    returned = _rule.call_user(name, "jvp", definition.jvp, (_context.for_jvp(ctx), *handed), _rule.jvp_takes(args))
-    computed = iter(_forward_mode.out_tangents(name, probe.info, returned, xp=np))
+    view = _context.for_jvp(ctx)
+    computed = iter(
+        _forward_mode.run_jvp(definition, args, view, arrays, tangents, probe.info, ctx.materialize_grads, np)
+    )
     return tuple(
         next(computed) if d else np.zeros(a.shape, a.dtype) for d, a in zip(probe.info.differentiable, probe.info.avals)
     )

@@ -261,9 +261,6 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
 def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """The user's ``jvp(ctx, *tangents)``: forward runs with a fresh context, then jvp reads what
     it saved with ``ctx.save_for_forward`` and the attributes it set."""
-    name = definition.name
-    jvp = definition.jvp
-    assert jvp is not None
 
     def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
         ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
@@ -272,9 +269,7 @@ def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., An
             arrays, remainder = view.to_residuals()
             out, (arrays,) = _rule.outputs_again(again, out, arrays)
             view = _context.Context.from_residuals(arrays, remainder)
-        handed = _forward_mode.tangents_by_slot(args, primals, tangents, ctx.materialize_grads)
-        returned = _rule.call_user(name, "jvp", jvp, (view, *handed), _rule.jvp_takes(args))
-        return tuple(out), _forward_mode.out_tangents(name, info, returned)
+        return tuple(out), _forward_mode.run_jvp(definition, args, view, primals, tangents, info, ctx.materialize_grads)
 
     return rule
 
