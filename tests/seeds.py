@@ -140,3 +140,21 @@ class StaticNode:
     @classmethod
     def tree_unflatten(cls, static, children):
         return cls(children[0], static)
+
+
+def make_mul_with_jvp(jvp, materialize=True):
+    """x * y with the given jvp rule, named 'mul': forward saves x and y for backward and for the
+    jvp rule, and keeps ctx.needs_input_grad on ctx as ``ctx.needs`` for it to read."""
+
+    def forward(ctx, x, y):
+        ctx.set_materialize_grads(materialize)
+        ctx.save_for_backward(x, y)
+        ctx.save_for_forward(x, y)
+        ctx.needs = ctx.needs_input_grad
+        return x * y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * y, g * x
+
+    return jaxfn.autograd_function(forward, backward, jvp=jvp, name="mul")

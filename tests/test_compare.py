@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from seeds import make_mul_with_jvp
 
 import jaxfn
 
@@ -595,21 +596,6 @@ class MulJ(torch.autograd.Function):  # x * y with a jvp rule
         return tx * y + ty * x
 
 
-def _mul_jvp_port(jvp, materialize=True):
-    def forward(ctx, x, y):
-        ctx.set_materialize_grads(materialize)
-        ctx.save_for_backward(x, y)
-        ctx.save_for_forward(x, y)
-        ctx.needs = ctx.needs_input_grad
-        return x * y
-
-    def backward(ctx, g):
-        x, y = ctx.saved_tensors
-        return g * y, g * x
-
-    return jaxfn.autograd_function(forward, backward, jvp=jvp, name="mul")
-
-
 def test_a_jvp_rule_wrong_for_one_tangent_alone_disagrees():
     def wrong_for_none(ctx, tx, ty):  # set_materialize_grads(False): a tangent not given is None
         x, y = ctx.saved_tensors
@@ -617,21 +603,21 @@ def test_a_jvp_rule_wrong_for_one_tangent_alone_disagrees():
             return 2 * tx * y
         return ty * x if tx is None else tx * y + ty * x
 
-    report = jaxfn.compare(_mul_jvp_port(wrong_for_none, materialize=False), MulJ, X, W)
+    report = jaxfn.compare(make_mul_with_jvp(wrong_for_none, materialize=False), MulJ, X, W)
     assert [r.check for r in report.rows] == ["jvp of 'x' alone"], str(report)
 
     def wrong_for_y_constant(ctx, tx, ty):  # reads needs_input_grad: y not differentiated
         x, y = ctx.saved_tensors
         return 3 * tx * y if not ctx.needs[1] else tx * y + ty * x
 
-    report = jaxfn.compare(_mul_jvp_port(wrong_for_y_constant), MulJ, X, W)
+    report = jaxfn.compare(make_mul_with_jvp(wrong_for_y_constant), MulJ, X, W)
     assert not report and all(r.check == "jvp of 'x' alone" for r in report.rows), str(report)
 
     def right(ctx, tx, ty):
         x, y = ctx.saved_tensors
         return (0 if tx is None else tx * y) + (0 if ty is None else ty * x)
 
-    report = jaxfn.compare(_mul_jvp_port(right, materialize=False), MulJ, X, W)
+    report = jaxfn.compare(make_mul_with_jvp(right, materialize=False), MulJ, X, W)
     assert report and {"jvp", "jvp of 'x' alone", "jvp of 'y' alone"} <= set(report.checks), str(report)
 
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from seeds import exp2, linear, mul_constant, my_relu
+from seeds import exp2, linear, make_mul_with_jvp, mul_constant, my_relu
 
 import jaxfn
 
@@ -899,21 +899,6 @@ def test_integer_and_non_differentiable_outputs_are_compared_under_vmap():
     assert report and "(the value of every array output, integer and non-differentiable ones included)" in str(report)
 
 
-def _mul(jvp, track_needs=False):
-    def forward(ctx, x, y):
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, y)
-        ctx.save_for_forward(x, y)
-        ctx.y_needed = ctx.needs_input_grad[1]
-        return x * y
-
-    def backward(ctx, g):
-        x, y = ctx.saved_tensors
-        return g * y, g * x
-
-    return jaxfn.autograd_function(forward, backward, jvp=jvp, name="mul")
-
-
 def test_a_jvp_rule_wrong_when_an_input_is_not_perturbed_is_caught():
     """Each argument's tangent alone is checked with the others not perturbed (jax.jvp of a function
     of that argument alone): a tangent None under set_materialize_grads(False), needs_input_grad
@@ -927,7 +912,7 @@ def test_a_jvp_rule_wrong_when_an_input_is_not_perturbed_is_caught():
 
     def wrong_when_not_needed(ctx, tx, ty):
         x, y = ctx.saved_tensors
-        return 3 * tx * y if not ctx.y_needed else tx * y + ty * x
+        return 3 * tx * y if not ctx.needs[1] else tx * y + ty * x
 
     def right(ctx, tx, ty):
         x, y = ctx.saved_tensors
@@ -936,8 +921,8 @@ def test_a_jvp_rule_wrong_when_an_input_is_not_perturbed_is_caught():
     x, y = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5, -1.0, 2.0])
     for jvp in (wrong_when_none, wrong_when_not_needed):
         with pytest.raises(jaxfn.GradcheckError, match=r"'mul': the gradient in forward mode \(jvp\) for 'x'"):
-            jaxfn.gradcheck(_mul(jvp), x, y)
-    assert jaxfn.gradcheck(_mul(right), x, y)
+            jaxfn.gradcheck(make_mul_with_jvp(jvp, materialize=False), x, y)
+    assert jaxfn.gradcheck(make_mul_with_jvp(right, materialize=False), x, y)
 
 
 def test_a_jvp_rule_wrong_at_one_element_of_many_is_caught():
