@@ -52,7 +52,9 @@ def zeros(aval: Any) -> Any:
     differentiated, an integer say); ``_primitive`` and ``_forward_mode`` make their zeros here too."""
     if dtype_kind(aval.dtype) == DIFF:
         return jnp.zeros(aval.shape, aval.dtype)
-    return np.zeros(aval.shape, jax.dtypes.float0)
+    # broadcast by JAX from a scalar, as JAX makes its own float0 zeros: a NumPy float0 array is no
+    # constant that a traced program may hold (a linearized tangent function's, say)
+    return jax.lax.broadcast(np.zeros((), jax.dtypes.float0), aval.shape)
 
 
 def instantiate(values: Any, avals: Any) -> tuple[Any, ...]:

@@ -136,12 +136,11 @@ class _Primitive(_BASE):
         return tuple(self(*primals)), tuple(primals)
 
     def linearized(self, primals: Any, *tangents: Any) -> tuple[Any, ...]:
-        # one tangent array per output, as JAX reads them: zeros where none moves, an integer
-        # output's float0 zeros made by a JAX operation (a NumPy float0 array is no constant that
-        # the tangent function's program may hold)
+        # one tangent array per output, as JAX reads them: zeros where none moves (float0 for an
+        # integer output)
         moving = not all(isinstance(t, _Zero) for t in tangents)
         out = self.jvp(primals, tangents)[1] if moving else (None,) * len(self.out_aval)
-        return tuple(_staged_zeros(a) if t is None or isinstance(t, _Zero) else t for t, a in zip(out, self.out_aval))
+        return _linear.instantiate(out, self.out_aval)
 
     def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
         if all(d is None for d in dims):  # JAX may ask even when nothing is batched
@@ -175,15 +174,6 @@ class _Primitive(_BASE):
         if any(isinstance(a, Tracer) for a in arrays):
             return lambda out: tuple(self(*arrays))
         return None
-
-
-def _staged_zeros(aval: Any) -> Any:
-    """``_linear.zeros``, with an integer output's float0 zeros broadcast by JAX from a scalar (as
-    JAX makes its own zeros of a float0 tangent), so that a traced program may hold them."""
-    zeros = _linear.zeros(aval)
-    if zeros.dtype != jax.dtypes.float0:
-        return zeros
-    return jax.lax.broadcast(np.zeros((), jax.dtypes.float0), aval.shape)
 
 
 def _mean(batched: Any) -> Any:
