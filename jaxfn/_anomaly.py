@@ -3,22 +3,23 @@ gradients for NaN and Inf, and names the function, the output or parameter, and 
 index, as PyTorch's ``torch.autograd.detect_anomaly`` names the Function whose backward failed.
 
 Values that are concrete (an eager call, an un-jitted ``jax.grad``) are checked in Python at
-once. Under a trace (``jit``, ``scan``, ``vmap``) the device computes one flag and one index per
-array and a ``jax.debug.callback`` raises in the host when a flag is bad (chosen over
-``checkify``, which would need the user's whole program wrapped in ``checkify.checkify``). JAX
-reports a failed callback as its own runtime error at the call of the compiled program; inside
-``with jaxfn.detect_anomaly():`` that error is replaced by jaxfn's. The setting is one of JAX's
-config states that ``jax.jit`` keys its cache on, so a program traced with it off is traced again
-with it on, and with it off nothing is added to the program.
+once. Under a trace (``jit``, ``scan``, ``vmap``) the device finds each array's first non-finite
+element (its index and value) and a ``jax.debug.callback`` raises in the host when there is one
+(chosen over ``checkify``, which would need the user's whole program wrapped in
+``checkify.checkify``). JAX reports a failed callback as its own runtime error at the call of the
+compiled program; inside ``with jaxfn.detect_anomaly():`` that error is replaced by jaxfn's. The
+setting is one of JAX's config states that ``jax.jit`` keys its cache on, so a program traced with
+it off is traced again with it on, and with it off nothing is added to the program.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,17 +32,14 @@ from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, erro
 _RAISED: list[BaseException] = []  # what the callbacks raised, newest last (callbacks run in XLA's threads)
 
 
-class _QuietAboutAnomalies(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], AutogradFunctionValueError))
-
-
-_QUIET = _QuietAboutAnomalies()
+def _not_an_anomaly(record: logging.LogRecord) -> bool:
+    """A logging filter: drops the records of an anomaly a callback raised."""
+    return not (record.exc_info and isinstance(record.exc_info[1], AutogradFunctionValueError))
 
 
 def _quiet(on: bool) -> None:
     for name in _jax_private.CALLBACK_LOGGERS:  # JAX's log of a failed callback: jaxfn's error says it all
-        (logging.getLogger(name).addFilter if on else logging.getLogger(name).removeFilter)(_QUIET)
+        (logging.getLogger(name).addFilter if on else logging.getLogger(name).removeFilter)(_not_an_anomaly)
 
 
 def enabled() -> bool:
@@ -107,18 +105,13 @@ def detect_anomaly() -> Iterator[None]:
     try:
         with _jax_private.anomaly_context(True):
             yield
-    except jax.errors.JaxRuntimeError as err:
-        raised = _raised_by(err)
+    except jax.errors.JaxRuntimeError as err:  # JAX's report of a failed callback: the error it raised, if jaxfn's
+        raised = next((r for r in reversed(_RAISED) if _jax_private.reports_callback_error(err, r)), None)
         if raised is None:
             raise
         raise raised from None
     finally:
         _quiet(enabled())  # still on outside only where an outer context or the global switch is
-
-
-def _raised_by(err: Exception) -> BaseException | None:
-    """The jaxfn error a failed callback raised, if ``err`` is JAX's report of it."""
-    return next((raised for raised in reversed(_RAISED) if _jax_private.reports_callback_error(err, raised)), None)
 
 
 def outputs(name: str, out: Any) -> None:
@@ -146,43 +139,31 @@ def check(name: str, role: str, labeled: list[tuple[str, Any]]) -> None:
     "grad_output" (a cotangent arriving at backward).
     """
     for label, value in labeled:
-        if value is None or not hasattr(value, "dtype") or not jnp.issubdtype(value.dtype, jnp.inexact):
-            continue
-        if not np.size(value):
-            continue  # nothing in it can be NaN
-        if isinstance(value, Tracer):
-            _check_traced(name, role, label, value)
+        if not hasattr(value, "dtype") or not jnp.issubdtype(value.dtype, jnp.inexact) or not np.size(value):
+            continue  # not a floating-point array, or an empty one: nothing in it can be NaN
+        xp = jnp if isinstance(value, Tracer) else np  # concrete values (host code's too) on the host, at once
+        flat = xp.ravel(value)
+        first = xp.argmin(xp.isfinite(flat))  # the first non-finite element, if there is one
+        report = functools.partial(_report, name, role, label, np.shape(value))
+        if xp is jnp:
+            jax.debug.callback(report, first, flat[first])
         else:
-            bad = ~np.isfinite(np.asarray(value))
-            if np.any(bad):
-                first = np.unravel_index(int(np.argmax(bad.ravel())), np.shape(value))
-                _raise(name, role, label, np.asarray(value)[first], first)  # host code too, in a compiled callback
+            report(first, flat[first])
 
 
-def _check_traced(name: str, role: str, label: str, value: Any) -> None:
-    shape = tuple(np.shape(value))
-    finite = jnp.isfinite(jnp.ravel(value))
-    first = jnp.argmin(finite)
-
-    def report(all_finite: Any, first: Any, bad_value: Any) -> None:
-        if not bool(all_finite):
-            _raise(name, role, label, np.asarray(bad_value), np.unravel_index(int(first), shape) if shape else ())
-
-    bad_value = jnp.ravel(value)[first] if shape else value
-    jax.debug.callback(report, finite.all(), first, bad_value)
-
-
-def _raise(name: str, role: str, label: str, bad: Any, index: tuple) -> NoReturn:
-    """Raise the error for a non-finite value, kept first for ``detect_anomaly`` to find behind
-    JAX's runtime error (the last few)."""
-    raised = error(AutogradFunctionValueError, name, _sentence(role, label, bad, index))
+def _report(name: str, role: str, label: str, shape: tuple[int, ...], first: Any, value: Any) -> None:
+    """Raise the error for ``value``, at flat index ``first``, if it is not finite; the error kept
+    first, for ``detect_anomaly`` to find behind JAX's runtime error (the last few)."""
+    if np.isfinite(value):
+        return
+    index = tuple(int(i) for i in np.unravel_index(int(first), shape))
+    raised = error(AutogradFunctionValueError, name, _sentence(role, label, np.asarray(value), index))
     _RAISED.append(raised)
     del _RAISED[:-16]
     raise raised
 
 
 def _sentence(role: str, label: str, bad: Any, index: tuple) -> str:
-    index = tuple(int(i) for i in index)
     what = "nan" if np.isnan(bad) else str(bad)
     if role == "grad_output":
         return (

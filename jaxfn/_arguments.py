@@ -97,11 +97,6 @@ class Arguments(Split):
 
     # Derived from the structure alone, and only when needed (not on the eager fast path).
     @_cached
-    def owners(self) -> tuple[int, ...]:
-        """One per leaf: the position of its parameter."""
-        return tuple(i for i, child in enumerate(self.treedef.children()) for _ in range(child.num_leaves))
-
-    @_cached
     def paths(self) -> tuple[str, ...]:
         """One per leaf: 'params['w']'-style, for messages. From the call's own values where this
         ``Arguments`` holds them, else from the structure alone (``key_paths``): never by
@@ -114,11 +109,12 @@ class Arguments(Split):
         return tuple(self.names[path[0].idx] + keystr(tuple(path[1:])) for path in key_paths_)
 
     @_cached
-    def closed_over(self) -> frozenset[int]:
+    def closed_over(self) -> dict[int, str]:
         """The leaves that are values a function argument closes over (``in_closures``), or that
-        forward or backward closes over (``implicit``): backward must return their gradient."""
-        first = len(self.names) - len(self.implicit)
-        return self.in_closures | {leaf for leaf, owner in enumerate(self.owners) if owner >= first}
+        forward or backward closes over (``implicit``), each with its parameter's name: backward
+        must return their gradient."""
+        owners = [name for name, child in zip(self.names, self.treedef.children()) for _ in range(child.num_leaves)]
+        return {leaf: name for leaf, name in enumerate(owners) if name in self.implicit or leaf in self.in_closures}
 
     @_cached
     def in_closures(self) -> frozenset[int]:
@@ -189,10 +185,10 @@ class Arguments(Split):
         """One value per slot, each in its argument's structure (a jvp's tangents), as one value per
         array (the inverse of ``by_slot(parameters(...))``): read through the arguments' structure,
         so a ``None`` argument (a node with no leaf) never shifts the values after it."""
-        slots = self.from_slots(per_slot)
-        by_name = tuple(slots.get(n, () if n == self.varargs else None) for n in self.names)
+        by_name = self.from_slots(per_slot)
         by_leaf: list[Any] = []
-        for child, value in zip(self.treedef.children(), by_name):
+        for name, child in zip(self.names, self.treedef.children()):
+            value = by_name.get(name, () if name == self.varargs else None)
             by_leaf += [None] * child.num_leaves if value is None else child.flatten_up_to(value)
         return [by_leaf[p] for p in self.array_positions]
 
@@ -233,12 +229,7 @@ class Arguments(Split):
 
 def shape_dtypes(arrays: Any) -> list[jax.ShapeDtypeStruct]:
     """The shape and dtype of each array leaf, as backward checks them."""
-    return [
-        jax.ShapeDtypeStruct(a.shape, a.dtype)
-        if isinstance(a, jax.Array)
-        else jax.ShapeDtypeStruct(jnp.shape(a), a.dtype if hasattr(a, "dtype") else jnp.result_type(a))
-        for a in arrays
-    ]
+    return [jax.ShapeDtypeStruct(jnp.shape(a), a.dtype if hasattr(a, "dtype") else jnp.result_type(a)) for a in arrays]
 
 
 def context_parameter(function: Any) -> inspect.Parameter | None:
@@ -324,8 +315,8 @@ def is_torch_tensor(value: Any) -> bool:
 def refuse_foreign_arrays(function: str, args: Arguments) -> None:
     """A PyTorch tensor (or another library's array) passed where JAX arrays go would reach forward
     as a static value and fail far from its cause: refused, naming the argument."""
-    for leaf, (array, value) in enumerate(zip(args.is_array, args.statics)):
-        if not array and is_torch_tensor(value):
+    for leaf, value in enumerate(args.statics):  # None at an array
+        if is_torch_tensor(value):
             raise error(
                 AutogradFunctionTypeError,
                 function,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -40,7 +41,7 @@ def of(
     (or None); ``parameters``: whether what forward and backward close over may become parameters
     (not for a function with a jvp or vmap rule, setup_context or host code: there it is refused)."""
     if parameters:
-        definition, arguments, user = _closed_over(definition, arguments, user)
+        definition, arguments = _closed_over(definition, arguments, user)
     arguments = _in_arguments(definition.name, arguments)
     _refuse_hidden(definition.name, arguments, user)
     return definition, arguments
@@ -52,8 +53,8 @@ def _in_arguments(name: str, arguments: _arguments.Arguments) -> _arguments.Argu
     section 2). Every traced value is a leaf, not only those being differentiated (a value ``jit``
     traces, a loop's index, a key): then no value of another trace reaches the rule's own traces."""
     closures = {}
-    for i, (kind, value) in enumerate(zip(arguments.kinds, arguments.statics)):
-        if kind == _arguments.STATIC and callable(value):
+    for i, value in enumerate(arguments.statics):  # None at an array leaf
+        if callable(value):
             held = _tracers.tracers_in(value)
             if held:
                 closures[i] = _tracers.Closure.holding(value, held, name, arguments.paths[i])
@@ -62,28 +63,30 @@ def _in_arguments(name: str, arguments: _arguments.Arguments) -> _arguments.Argu
 
 def _refuse_hidden(name: str, arguments: _arguments.Arguments, user: tuple[Any, ...]) -> None:
     """A value being differentiated that the user's functions, or the call's static values, still
-    hold (not the call's own arrays) would lose its gradient: refused."""
-    statics = [v for v, array in zip(arguments.statics, arguments.is_array) if not array]
+    hold (not the call's own arrays, which now include what was made parameters and closures)
+    would lose its gradient: refused."""
     held = [f for f in user if not _tracers.holds_nothing(f)]
-    if not held and not statics:
+    if not held and all(arguments.is_array):  # the common call: nothing to look inside
         return
-    own = {id(a) for a in arguments.arrays}  # a method of a module holding its own parameters: fine
-
-    def differentiated(tracer: Any) -> bool:
-        return _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
-
-    if _tracers.holds_tracer((held, statics), differentiated):
+    if _tracers.holds_tracer((held, arguments.statics), _outside(arguments)):
         raise error(AutogradFunctionTypeError, name, CLOSURE_HELP)
+
+
+def _outside(arguments: _arguments.Arguments) -> Callable[[Any], bool]:
+    """Whether a tracer is a value being differentiated other than the call's own arrays (which a
+    function may hold: a method of a module holding its own parameters, a closure reading an argument)."""
+    own = {id(a) for a in arguments.arrays}
+    return lambda tracer: _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
 
 
 def _closed_over(
     definition: _rule.Definition, arguments: _arguments.Arguments, user: tuple[Any, ...]
-) -> tuple[_rule.Definition, _arguments.Arguments, tuple[Any, ...]]:
+) -> tuple[_rule.Definition, _arguments.Arguments]:
     """The values forward and backward close over that hold values being differentiated, as
     parameters: for this call, forward and backward are copies that read the call's values there
     (``_tracers.with_cells``); forward keeps them on ctx for backward. Unchanged (so refused
     later) where that can't be done."""
-    unchanged = (definition, arguments, user)
+    unchanged = (definition, arguments)
     forward, backward = _undecorated(user[0]), _undecorated(user[1])
     if forward is None or backward is None:  # a decorator jaxfn can't see through: refused
         return unchanged
@@ -94,12 +97,8 @@ def _closed_over(
             return unchanged  # two different values under one name: refused
     if not closed:
         return unchanged
-    own = {id(a) for a in arguments.arrays}  # the call's own arguments, read through a closure: fine
-    clash = [
-        name
-        for name in closed
-        if name in arguments.names and any(id(t) not in own for t in _tracers.tracers_in(closed[name], wanted))
-    ]
+    outside = _outside(arguments)
+    clash = [name for name in closed if name in arguments.names and _tracers.holds_tracer(closed[name], outside)]
     if clash:  # the value can't be named as a parameter: said, not the generic refusal
         raise error(
             AutogradFunctionTypeError,
@@ -110,16 +109,12 @@ def _closed_over(
         )
     if set(closed) & set(arguments.names):
         return unchanged
-    values = {}
-    for name, value in closed.items():
-        is_leaf = jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
-        if not is_leaf or isinstance(value, jax.Array):  # an array, or a pytree (an Equinox module)
-            values[name] = value
-        elif callable(value):  # a function holding the values: a callable pytree of them
-            values[name] = _tracers.Closure.holding(value, _tracers.tracers_in(value), definition.name, name)
-        else:  # an object JAX can't see into: refused
-            return unchanged
-    names = tuple(values)
+    for name, value in closed.items():  # an array or a pytree (an Equinox module) is a parameter as it is
+        if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value)) and not isinstance(value, jax.Array):
+            if not callable(value):  # an object JAX can't see into: refused
+                return unchanged
+            closed[name] = _tracers.Closure.holding(value, _tracers.tracers_in(value), definition.name, name)
+    names = tuple(closed)
 
     def forward_reading(ctx: Any, *args: Any, **kwargs: Any) -> Any:
         read = {name: kwargs.pop(name) for name in names}
@@ -132,10 +127,8 @@ def _closed_over(
     functools.update_wrapper(forward_reading, forward)
     functools.update_wrapper(backward_reading, user[1])  # the backward as given: once_differentiable's mark too
     forward_reading.__signature__ = _with_keyword_only(inspect.signature(forward), names)  # type: ignore[attr-defined]
-    hidden = dict.fromkeys(names)  # the user's functions, as _refuse_hidden checks them, without these values
-    user = (_tracers.with_cells(forward, hidden), _tracers.with_cells(backward, hidden), *user[2:])
     reading = _rule.Definition.of(definition.name, forward_reading, backward_reading)
-    return reading, arguments.replacing({}, values), user
+    return reading, arguments.replacing({}, closed)
 
 
 def _undecorated(function: Any) -> Any:
@@ -147,8 +140,8 @@ def _undecorated(function: Any) -> Any:
 
 
 def _with_keyword_only(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:
-    """``signature`` with keyword-only parameters ``names`` added (before a ``**kwargs``)."""
-    parameters = list(signature.parameters.values())
-    at = next((i for i, p in enumerate(parameters) if p.kind is p.VAR_KEYWORD), len(parameters))
+    """``signature`` with keyword-only parameters ``names`` added (after its own keyword-only
+    parameters, before a ``**kwargs``: a signature's parameters are in the order of their kinds,
+    and a stable sort keeps it)."""
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names]
-    return signature.replace(parameters=[*parameters[:at], *added, *parameters[at:]])
+    return signature.replace(parameters=sorted([*signature.parameters.values(), *added], key=lambda p: p.kind))

@@ -8,9 +8,10 @@ everything else (numbers, strings, flags) as a static remainder kept per trace.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -43,7 +44,7 @@ class _View:
     __iter__: Callable[[], Iterator[Any]]  # each view's own
 
     def __init__(
-        self, function: str, names: dict[str, Any], positions: tuple[Any, ...], replaced: tuple[str, ...] = ()
+        self, function: str, names: Mapping[str, Any], positions: tuple[Any, ...], replaced: tuple[str, ...] = ()
     ):
         for slot, value in zip(_View.__slots__, (function, dict(names), positions, replaced)):
             object.__setattr__(self, slot, value)
@@ -53,11 +54,10 @@ class _View:
             raise AttributeError(name)  # Python's protocol look-ups (copy, pickle) stay silent
         return self._jaxfn_named(name, ContextAttributeError)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: Any, value: Any = None) -> None:
         raise error(AutogradFunctionTypeError, self._jaxfn_function, self._jaxfn_read_only)
 
-    def __setitem__(self, name: Any, value: Any) -> None:
-        self.__setattr__(str(name), value)
+    __setitem__ = __setattr__  # view[name] = value, as view.name = value: refused
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -107,27 +107,27 @@ class SavedVariables(_View, Mapping):
     def __getitem__(self, name: Any) -> Any:
         return self._jaxfn_at(name) if isinstance(name, int) else self._jaxfn_named(name, ContextKeyError)
 
-    def __delitem__(self, name: Any) -> None:
-        self.__setattr__(str(name), None)
+    __delitem__ = _View.__setattr__  # del saved[name]: refused as setting one is
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._jaxfn_names if self._jaxfn_names or not self._jaxfn_positions else self._jaxfn_positions)
+        return iter(self._jaxfn_names or self._jaxfn_positions)  # the names; after a positional save, the values
 
     def __repr__(self) -> str:
         return f"SavedVariables({', '.join(self._jaxfn_names)})"
 
     def _jaxfn_unknown(self, name: str) -> str:
-        text = super()._jaxfn_unknown(name)
+        hint = ""
         if name in self._jaxfn_replaced:  # R code saving one value per call
-            text = text.removesuffix(".") + (
+            hint = (
                 f" ('{name}' was saved by an earlier ctx.save_for_backward call, and each call replaces what the "
                 "earlier ones saved: save everything in one call, ctx.save_for_backward(a=a, b=b))"
             )
         elif not self._jaxfn_names and self._jaxfn_positions:  # saved by position (PyTorch's form)
-            count = len(self._jaxfn_positions)
-            text = text.removesuffix(".") + f" (forward saved {count} value(s) by position: read them as "
-            text += "ctx.saved_tensors[i], or save by name, ctx.save_for_backward(x=x))"
-        return text
+            hint = (
+                f" (forward saved {len(self._jaxfn_positions)} value(s) by position: read them as "
+                "ctx.saved_tensors[i], or save by name, ctx.save_for_backward(x=x))"
+            )
+        return super()._jaxfn_unknown(name).removesuffix(".") + hint  # error() ends the sentence again
 
 
 class SavedTensors(tuple):
@@ -216,8 +216,8 @@ class Marked(list):
     """The outputs forward marked with ``ctx.mark_non_differentiable``, and how messages name each
     (``named``, by id): its argument position, and the parameter of forward it is, if it is one."""
 
-    def __init__(self, values: Iterable[Any] = ()) -> None:
-        super().__init__(values)
+    def __init__(self) -> None:
+        super().__init__()
         self.named: dict[int, str] = {}
 
 
@@ -229,47 +229,38 @@ def _marked_name(position: int, value: Any, parameters: tuple[Sequence[str], Seq
     for name, given in zip(*parameters):
         paths = jax.tree_util.tree_flatten_with_path(given, is_leaf=lambda leaf: leaf is value)[0]
         filled += [f"'{name}{jax.tree_util.keystr(path)}'" for path, leaf in paths if leaf is value]
-    if len(filled) == 1:
-        return f"argument {position} (forward's input {filled[0]})"
     if filled:
-        return f"argument {position} (forward's input {', '.join(filled[:-1])} or {filled[-1]}, the same array)"
+        same = f"{', '.join(filled[:-1])} or {filled[-1]}, the same array" if filled[1:] else filled[0]
+        return f"argument {position} (forward's input {same})"
     what = f"an array of shape {tuple(value.shape)}" if hasattr(value, "shape") else type_name(value)
     return f"argument {position} ({what})"
 
 
+# Values saved by one call of save_for_backward or save_for_forward: by position, and by name.
+_Saves = tuple[tuple[Any, ...], Mapping[str, Any]]
+
+
 @dataclasses.dataclass(slots=True)
 class _State:
-    """The context's own state, apart from the user's attributes."""
+    """The context's own state, apart from the user's attributes. The fields after ``replaced``
+    are forward's own: a copy past forward (``holding``) starts without them."""
 
     function: str
-    needs: dict[str, bool]
-    needs_by_position: tuple[bool, ...]
-    inputs: Sequence[Any] = ()  # this call's array inputs, for mark_dirty (forward only)
-    in_forward: bool = True
-    positional: tuple[Any, ...] = ()
-    named: dict[str, Any] = dataclasses.field(default_factory=dict)
-    forward_positional: tuple[Any, ...] = ()  # ctx.save_for_forward: what a user's jvp reads
-    forward_named: dict[str, Any] = dataclasses.field(default_factory=dict)
-    non_differentiable: Marked = dataclasses.field(default_factory=Marked)
+    needs: NeedsInputGrad
+    saved: _Saves = ((), {})  # by save_for_backward
     materialize: bool = True
-    perturbed: tuple[bool, ...] = ()  # per array input: whether JAX differentiates it (forward only)
     replaced: tuple[str, ...] = ()  # names an earlier save_for_backward saved and a later one dropped
-    parameters: tuple[Sequence[str], Sequence[Any]] = ((), ())  # forward's, by name (forward only)
+    in_forward: bool = False  # True from the context's making until forward returns (end_forward)
+    inputs: Sequence[Any] = ()  # this call's array inputs, for mark_dirty
+    perturbed: tuple[bool, ...] = ()  # per array input: whether JAX differentiates it
+    parameters: tuple[Sequence[str], Sequence[Any]] = ((), ())  # forward's, by name, while it runs
+    forward_saved: _Saves = ((), {})  # by save_for_forward: what a user's jvp reads
+    non_differentiable: Marked = dataclasses.field(default_factory=Marked)
 
-    def holding(self, positional: tuple[Any, ...], named: dict[str, Any]) -> _State:
-        """A copy past forward, without the call's inputs, holding these saved values: ``()`` and
-        ``{}`` for the part kept per trace, the saved values again for backward or a jvp rule."""
-        return dataclasses.replace(
-            self,
-            inputs=(),
-            in_forward=False,
-            positional=positional,
-            named=named,
-            forward_positional=(),
-            forward_named={},
-            perturbed=(),
-            parameters=((), ()),
-        )
+    def holding(self, saved: _Saves = ((), {})) -> _State:
+        """A copy past forward holding these saved values: none for the part kept per trace, the
+        saved values again for backward or a jvp rule."""
+        return _State(self.function, self.needs, saved, self.materialize, self.replaced)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -313,12 +304,12 @@ class Context:
         self,
         function: str,
         needs_input_grad: dict[str, bool],
+        needs_by_position: tuple[bool, ...],
         inputs: Sequence[Any] = (),
-        needs_by_position: tuple[bool, ...] | None = None,
         perturbed: tuple[bool, ...] = (),
     ):
-        by_position = tuple(needs_input_grad.values()) if needs_by_position is None else needs_by_position
-        self._hold(_State(function, needs_input_grad, by_position, inputs, perturbed=perturbed), {})
+        needs = NeedsInputGrad(function, needs_input_grad, needs_by_position)
+        self._hold(_State(function, needs, in_forward=True, inputs=inputs, perturbed=perturbed), {})
 
     def _hold(self, state: _State, attrs: dict[str, Any]) -> Context:
         """Set the context's state and attributes (past ``__setattr__``, which guards the user's)."""
@@ -342,9 +333,8 @@ class Context:
         self._forward_only("save_for_backward")
         state = self._state
         # the names dropped, for the message if backward asks for one
-        state.replaced = tuple(dict.fromkeys([n for n in (*state.replaced, *state.named) if n not in named]))
-        state.positional = values
-        state.named = named
+        state.replaced = tuple(dict.fromkeys([n for n in (*state.replaced, *state.saved[1]) if n not in named]))
+        state.saved = (values, named)
 
     def save_for_forward(self, *values: Any, **named: Any) -> None:
         """Save values for a `jvp` rule (PyTorch's `ctx.save_for_forward`): jvp reads them as
@@ -356,8 +346,7 @@ class Context:
           **named: values saved by name, read in jvp as `ctx.saved_variables.name`.
         """
         self._forward_only("save_for_forward")
-        self._state.forward_positional = values
-        self._state.forward_named = named
+        self._state.forward_saved = (values, named)
 
     def mark_non_differentiable(self, *outputs: Any) -> None:
         """Declare outputs (the very values forward returns) that carry no gradient.
@@ -421,12 +410,13 @@ class Context:
         indexes a list), the same as `ctx.saved_tensors[i]`; `keys()`, `in`, `len` and iteration
         as for a dict. An unknown name raises `AutogradFunctionError` listing the saved names.
         """
-        return SavedVariables(self._state.function, self._state.named, self.saved_tensors, self._state.replaced)
+        return SavedVariables(self._state.function, self._state.saved[1], self.saved_tensors, self._state.replaced)
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
         """The values saved by position (or, if none were, those saved by name, in order)."""
-        return SavedTensors(self._state.function, tuple(self._state.positional) or tuple(self._state.named.values()))
+        positional, named = self._state.saved
+        return SavedTensors(self._state.function, tuple(positional) or tuple(named.values()))
 
     @property
     def needs_input_grad(self) -> NeedsInputGrad:
@@ -437,7 +427,7 @@ class Context:
         `a, b = ctx.needs_input_grad`; one entry per argument, each `*args` element apart).
         `"input" in ctx.needs_input_grad` asks for a name. Read-only.
         """
-        return NeedsInputGrad(self._state.function, self._state.needs, self._state.needs_by_position)
+        return self._state.needs
 
     @property
     def materialize_grads(self) -> bool:
@@ -488,36 +478,36 @@ class Context:
         """What the context holds, split into the values that cross as residuals (JAX arrays; for a
         host forward, every value) and a static remainder; each residual named (``save_names``)."""
         state = self._state
-        names = (tuple(state.named), tuple(self._attrs))  # in the user's order (JAX sorts dicts)
-        held = (state.positional, tuple(state.named.values()), tuple(self._attrs.values()))
+        positional, named = state.saved
+        # each name in its leaves' paths, in the user's order (JAX sorts a dict's keys, not an OrderedDict's)
+        held = (positional, collections.OrderedDict(named), collections.OrderedDict(self._attrs))
         arrays, parts, paths = split_with_paths(held, crosses)
         for path, leaf in zip(paths, parts.statics):
             if leaf is not None and _tracers.holds_tracer(leaf):
-                raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, names, leaf))
-        save_names = tuple(_save_name(path, names) for path, array in zip(paths, parts.is_array) if array)
-        return arrays, Remainder(parts.treedef, parts.is_array, parts.statics, state.holding((), {}), names, save_names)
+                raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, leaf))
+        save_names = tuple(_save_name(path) for path, array in zip(paths, parts.is_array) if array)
+        names = (tuple(named), tuple(self._attrs))
+        return arrays, Remainder(parts.treedef, parts.is_array, parts.statics, state.holding(), names, save_names)
 
     @classmethod
     def from_residuals(cls, arrays: list[Any], remainder: Remainder) -> Context:
         """The backward-side context, rebuilt from ``to_residuals``'s two parts."""
         positional, named, attrs = remainder.join(arrays)
-        named_keys, attr_keys = remainder.names
-        state = remainder.state.holding(positional, dict(zip(named_keys, named)))
-        return cls.__new__(cls)._hold(state, dict(zip(attr_keys, attrs)))
+        return cls.__new__(cls)._hold(remainder.state.holding((positional, dict(named))), dict(attrs))
 
 
 # The context's own names, derived from the class: none of them can be set as an attribute.
 _OWN_NAMES = frozenset(name for name in dir(Context) if not name.startswith("__")) | set(Context.__slots__)
 
 
-def _save_name(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]]) -> str:
-    """A saved array's name: its position (``0``), save name (``input``) or attribute (``scale``),
-    then its key path inside a saved pytree (``params.w``)."""
-    group, head = _where(path, names)
-    parts = [_key_text(key) for key in path[2:]]
-    if group == 2 and head == CLOSED_OVER and parts:  # a closed-over value: named as the parameter it became
-        return ".".join(parts)
-    return ".".join([head, *parts])
+def _save_name(path: tuple) -> str:
+    """A held array's name: its position (``0``), save name (``input``) or attribute (``scale``),
+    then its key path inside a saved pytree (``params.w``). ``path[0]`` is its group: saved by
+    position, saved by name, or an attribute."""
+    parts = [_key_text(key) for key in path[1:]]
+    if path[0].idx == 2 and parts[0] == CLOSED_OVER and parts[1:]:  # named as the parameter it became
+        return ".".join(parts[1:])
+    return ".".join(parts)
 
 
 CLOSED_OVER = "jaxfn_closed_over"  # the ctx attribute holding what forward and backward close over (SPEC 15)
@@ -529,17 +519,9 @@ def _key_text(key: Any) -> str:
     return next((str(getattr(key, a)) for a in ("key", "idx", "name") if hasattr(key, a)), str(key))
 
 
-def _where(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[int, str]:
-    """Where a held leaf is: its group (0 saved by position, 1 by name, 2 an attribute), and its
-    position, save name or attribute name there."""
-    group, index = path[0].idx, path[1].idx
-    return group, str(index) if group == 0 else names[group - 1][index]
-
-
-def _hidden_tracer(path: tuple, names: tuple[tuple[str, ...], tuple[str, ...]], leaf: Any) -> str:
-    """The sentence for an array hidden inside an object that JAX can't see into."""
-    group, head = _where(path, names)
-    where = ("ctx.saved_tensors[{}]", "saved value '{}'", "ctx.{}")[group].format(head)
+def _hidden_tracer(path: tuple, leaf: Any) -> str:
+    """The sentence for an array hidden inside an object that JAX can't see into (held at ``path``)."""
+    where = ("ctx.saved_tensors[{}]", "saved value '{}'", "ctx.{}")[path[0].idx].format(_key_text(path[1]))
     return (
         f"{where} is {type_name(leaf)} that holds arrays JAX is tracing, but JAX carries arrays from forward to "
         "backward only as pytree leaves, so they would leak out of this trace; save the arrays themselves "
@@ -556,16 +538,13 @@ def end_forward(ctx: Context) -> list[Any]:
     """Close forward's part of ``ctx`` (its forward-only methods refuse from now on); the outputs
     forward marked non-differentiable. What the rule and the host builder call after forward."""
     ctx._state.in_forward = False
-    ctx._state.inputs = ()
-    ctx._state.parameters = ((), ())
     return non_differentiable(ctx)
 
 
 def for_jvp(ctx: Context) -> Context:
     """The context a user's ``jvp`` reads: what forward saved with ``ctx.save_for_forward`` as
     its saved values, and forward's attributes."""
-    state = ctx._state.holding(ctx._state.forward_positional, dict(ctx._state.forward_named))
-    return Context.__new__(Context)._hold(state, dict(ctx._attrs))
+    return Context.__new__(Context)._hold(ctx._state.holding(ctx._state.forward_saved), dict(ctx._attrs))
 
 
 def perturbed(ctx: Context) -> tuple[bool, ...]:
@@ -576,7 +555,7 @@ def perturbed(ctx: Context) -> tuple[bool, ...]:
 
 def needs_by_name(ctx: Context) -> dict[str, bool]:
     """``ctx.needs_input_grad`` by parameter name, as a dict."""
-    return ctx._state.needs
+    return ctx._state.needs._jaxfn_names
 
 
 def non_differentiable(ctx: Context) -> list[Any]:

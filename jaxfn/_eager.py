@@ -62,7 +62,7 @@ class Compiled:
         return box_python_values(self._traced(dataclasses.replace(key.args, arrays=tuple(arrays))))
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_static
 class _Apart:
     """What a jitted call's output holds besides its arrays (a ``_split.Split``), as a pytree node
     with no children: it rides in the output's structure, which ``jax.jit`` keeps per compiled
@@ -73,13 +73,6 @@ class _Apart:
 
     def __init__(self, parts: _split.Split):
         self.parts = parts
-
-    def tree_flatten(self) -> tuple[tuple[()], Any]:
-        return (), self
-
-    @classmethod
-    def tree_unflatten(cls, apart: Any, children: Any) -> Any:
-        return apart
 
 
 def box_python_values(out: Any) -> Any:
@@ -107,19 +100,12 @@ def keeping_python_values(jitted: Callable[..., Any]) -> Callable[..., Any]:
 MISS = object()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Signature:
     """A static argument of ``jax.jit``: one call's structure, hashed and compared by its strict key."""
 
-    __slots__ = ("args", "key", "_hash")
-
-    def __init__(self, args: Arguments, key: Any):
-        self.args, self.key, self._hash = args, key, hash(key)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Signature) and self.key == other.key
+    args: Arguments = dataclasses.field(compare=False)
+    key: Any
 
 
 def _signature_key(name: str, args: Arguments) -> Any:

@@ -10,12 +10,10 @@ what to do. ``jaxfn.gradcheck``'s messages open with ``jaxfn.gradcheck: '<functi
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import jax
-from jax.core import Tracer
 
 
 class AutogradFunctionError(Exception):
@@ -98,7 +96,8 @@ def error(kind: type[AutogradFunctionError], function: str, sentence: str) -> Au
     :func:`gradcheck_of` a function) for gradcheck's own messages. The sentence ends with a
     full stop, added if it lacks one.
     """
-    return kind(_opening(function) + _sentence(sentence))
+    gradcheck = function == GRADCHECK or function.startswith(f"{GRADCHECK}: '")  # gradcheck's own, or gradcheck_of
+    return kind((f"{function}: " if gradcheck else f"jaxfn: '{function}': ") + _sentence(sentence))
 
 
 def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]], function: str) -> None:
@@ -114,12 +113,6 @@ def raise_all(kind_and_sentences: list[tuple[type[AutogradFunctionError], str]],
         raise error(kind, function, kind_and_sentences[0][1])
     lines = "\n".join(f"  - {_sentence(sentence)}" for _, sentence in kind_and_sentences)
     raise error(kind, function, f"{len(kind_and_sentences)} problems in one call:\n{lines}")
-
-
-def _opening(function: str) -> str:
-    if function == GRADCHECK or function.startswith(f"{GRADCHECK}: '"):  # gradcheck's own, or gradcheck_of
-        return f"{function}: "
-    return f"jaxfn: '{function}': "
 
 
 def _sentence(text: str) -> str:
@@ -138,36 +131,33 @@ def type_name(value: object) -> str:
 
 def unknown_name(what: str, name: object, known: Iterable[str]) -> str:
     """The sentence for a name that does not exist, listing the ones that do."""
-    known = sorted(str(k) for k in known)
-    listed = ", ".join(repr(k) for k in known) if known else "none"
+    listed = ", ".join(repr(k) for k in sorted(str(k) for k in known)) or "none"
     return f"{what} has no {name!r}; the names it has are: {listed}."
 
-
-# A tracer error raised inside the user's forward or backward (a Python if on an array's value,
-# float(x), NumPy on a traced array) under jax.jit: what it means, in jaxfn's words.
-TRACER_ERRORS = (
-    jax.errors.ConcretizationTypeError,  # float(x), x.item(), a traced value as a shape (and its subclass below)
-    jax.errors.TracerBoolConversionError,  # if x > 0:, while, and/or, assert on an array
-    jax.errors.TracerIntegerConversionError,  # int(x), operator.index(x), a list indexed by an array
-    jax.errors.TracerArrayConversionError,  # np.asarray(x), a NumPy function, x.tolist()
-    jax.errors.NonConcreteBooleanIndexError,  # x[x < 0], x.at[x < 0].set(0): an index whose size is the data's
-)
 
 _WHY = (
     "under jax.jit (and jax.vmap, lax.scan, jax.checkpoint) {role} runs on tracers, abstract arrays whose values "
     "are known only when the compiled program runs"
 )
+# A tracer error raised inside the user's forward or backward (a Python if on an array's value,
+# float(x), NumPy on a traced array) under jax.jit: what the user did, in jaxfn's words.
 _WHAT = {
+    # if x > 0:, while, and/or, assert on an array
     jax.errors.TracerBoolConversionError: "used the value of an array as a Python bool (an if, while, and/or or "
     "assert on an array)",
+    # int(x), operator.index(x), a list indexed by an array
     jax.errors.TracerIntegerConversionError: "used the value of an array as a Python int (int(), or an array as "
     "an index into a list or tuple)",
+    # np.asarray(x), a NumPy function, x.tolist()
     jax.errors.TracerArrayConversionError: "handed an array to NumPy (np.asarray, a NumPy function, .tolist())",
+    # float(x), x.item(), a traced value as a shape (and its subclass above, TracerBoolConversionError)
     jax.errors.ConcretizationTypeError: "read the concrete value of an array (float(), .item(), or an array "
     "value used as a shape, a size or a static argument)",
+    # x[x < 0], x.at[x < 0].set(0): an index whose size is the data's
     jax.errors.NonConcreteBooleanIndexError: "indexed an array with a boolean mask (x[x < 0], x.at[x < 0].set(0)), "
     "whose result's size depends on the values",
 }
+TRACER_ERRORS = tuple(_WHAT)
 _FIX = {
     jax.errors.NonConcreteBooleanIndexError: "for a masked update or read, use jnp.where in place of the mask: a "
     "masked update (R's x[x < 0] <- 0) is jnp.where(x < 0, 0, x), a masked read (x[x > 0].sum()) is "
@@ -228,15 +218,13 @@ _COMPACTION = (
 
 def tracer_error_help(
     role: str, err: BaseException, parameter: tuple[str, Any] | None = None, traced_by: str | None = "jit"
-) -> str | None:
-    """jaxfn's sentence for a tracer error raised in the user's ``role`` ('forward',
-    'backward'...); None for any other exception. ``parameter``: the name and value of forward's
-    argument whose value JAX was asked for (``concretized`` found it), named with the fix for what
+) -> str:
+    """jaxfn's sentence for a tracer error (one of ``TRACER_ERRORS``) raised in the user's ``role``
+    ('forward', 'backward'...). ``parameter``: the name and value of forward's argument whose value
+    JAX was asked for (``_jax_private.concretized`` found it), named with the fix for what
     ``traced_by`` it: 'jit' (``static_argnames``), 'vmap' (``in_axes=None``), 'loop' (a Python
     loop, or ``jnp.where``), None where that is not known (every fix, none claimed)."""
-    kind = next((k for k in type(err).__mro__ if k in _WHAT), None)
-    if kind is None:
-        return None
+    kind = next(k for k in type(err).__mro__ if k in _WHAT)
     if role == "vmap" and kind is jax.errors.TracerArrayConversionError:  # host=True's too: a rule runs as JAX code
         return f"{role} {_WHAT[kind]}, but {_WHY.format(role=role)}; {_VMAP_RULE_NUMPY}"
     if parameter is None or kind is jax.errors.NonConcreteBooleanIndexError:
@@ -258,27 +246,3 @@ def compaction_help(role: str, called: str, keyword: str) -> str:
         example = " (for a 1-D mask: (i,) = jnp.nonzero(mask, size=n, fill_value=0), then x[i])"
     why = _WHY.format(role=role)
     return _COMPACTION.format(role=role, called=called, why=why, keyword=keyword, fill=fill, example=example)
-
-
-def concretized(err: BaseException) -> Any:
-    """The tracer whose concrete value ``err`` (a tracer error) asked for, where it can be told; else
-    None.
-
-    JAX raises these errors in a frame that was handed the tracer (``Tracer.__bool__``'s
-    ``self``, ``concrete_or_error``'s ``val``, a shape tuple holding it): the innermost frame of the
-    traceback that holds a tracer (in a local, or a tuple or list a local is) holds it. Where that
-    frame holds more than one, which one is not known: None. A guess about JAX's code that fails
-    safe (None: the message says the fix in general), checked by the tests on every JAX the
-    package allows."""
-    for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
-        held = {id(t): t for t in _tracers_in(frame.f_locals.values())}
-        if held:
-            return next(iter(held.values())) if len(held) == 1 else None
-    return None
-
-
-def _tracers_in(values: Iterable[Any]) -> Iterator[Any]:
-    for value in values:
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, Tracer):
-                yield item

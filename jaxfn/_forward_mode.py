@@ -3,7 +3,9 @@
 
 The tangents come out of ``_linear.tangents``, whose transpose is the user's backward, so where
 JAX transposes this rule (``jax.grad``, also under ``jax.checkpoint``) it runs backward itself:
-``forward_mode=True`` and a jvp rule never change what ``jax.grad`` returns.
+``forward_mode=True`` and a jvp rule never change what ``jax.grad`` returns. The rule on one
+call's flat arrays (``jvp_rule``) is the one both forward-mode builders use: this module's
+``jax.custom_jvp`` and ``_primitive``'s hijax primitive.
 
 Derived tangents. A correct backward is linear in its cotangents, so its transpose is the
 forward-mode derivative. The gate rests on JAX's own transposition: jaxfn transposes backward
@@ -70,6 +72,7 @@ NOT_LINEAR = (
 
 def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """``call(*arrays)``: the function's full output, through a ``jax.custom_jvp`` over the arrays."""
+    rule = jvp_rule(definition, args, derive=True)
 
     @jax.custom_jvp
     def primal(*arrays: Any) -> Any:
@@ -77,7 +80,38 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         return tuple(out), Described(info)
 
     def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
-        perturbed = [not isinstance(t, SymbolicZero) for t in tangents]
+        again = None
+        if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
+            again = lambda out: _tie.tie(arrays_out, tuple(primals), tuple(out))  # survives a loop's partial eval
+        given = [None if isinstance(t, SymbolicZero) else t for t in tangents]
+        out, described, computed = rule(primals, given, again)
+        # one tangent per array output: the map's, zeros (float0 for integers) elsewhere
+        return (tuple(out), described), (_linear.instantiate(computed, described.info.avals), described)
+
+    primal.defjvp(jvp, symbolic_zeros=True)
+
+    def arrays_out(*arrays: Any) -> tuple[Any, ...]:
+        return primal(*arrays)[0]
+
+    def call(*arrays: Any) -> Any:
+        out, described = primal(*arrays)
+        return described.info.rebuild(out)
+
+    return call
+
+
+def jvp_rule(definition: _rule.Definition, args: Arguments, derive: bool) -> Callable[..., Any]:
+    """Forward mode on one call's flat arrays, as both forward-mode builders use it (this module's
+    ``jax.custom_jvp``, ``_primitive``'s hijax primitive): ``jvp(primals, tangents, again=None) ->
+    (outputs, Described(info), tangents out)`` runs the user's forward with a fresh context
+    (``tangents``: None where JAX differentiates nothing; ``again``: see ``_rule.outputs_again``)
+    and returns one tangent per array output (None where the output is not differentiable),
+    through ``_linear.tangents``, whose transpose is the user's backward. The tangent map is the
+    user's jvp; without one, backward transposed where ``derive``, else refused where a tangent is
+    computed (reverse mode, which transposes the map, never computes one)."""
+
+    def jvp(primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> tuple[list[Any], Described, list[Any]]:
+        perturbed = [t is not None for t in tangents]
         ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
         wanted = [i for i, flag in enumerate(perturbed) if flag]
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
@@ -85,8 +119,7 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
         # what the user's jvp reads (ctx.save_for_forward, attributes), its arrays as residuals too:
         # nothing crosses into the tangent map from this trace but through them
         view, view_remainder = _context.for_jvp(ctx).to_residuals() if definition.jvp is not None else ([], None)
-        if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
-            again = lambda out: _tie.tie(arrays_out, tuple(primals), tuple(out))  # survives a loop's partial eval
+        if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
             out, (saved, view) = _rule.outputs_again(again, out, saved, view)
         named = _saves.named(definition.name, saved, remainder, primals)
         by_id = {id(a): n for a, n in zip(saved, named)}  # an array saved for both is kept once
@@ -123,27 +156,17 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
                 _check_offset(definition.name, pullback, examples, names)
             return list(out_tangents)
 
+        def refused(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
+            """No tangent map: forward mode refused, where a tangent is computed."""
+            raise error(AutogradFunctionTypeError, definition.name, _rule.FORWARD_MODE_HELP)
+
+        tangent_map = user_jvp if definition.jvp is not None else derived if derive else refused
         residuals = (*named, *view)  # backward's saved arrays, then the jvp's
-        tangent_map = derived if definition.jvp is None else user_jvp
         given = tuple(tangents[i] for i in wanted)
-        computed = iter(
-            _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
-        )
-        # one tangent per array output: the map's, zeros (float0 for integers) elsewhere
-        all_tangents = tuple(next(computed) if d else _linear.zeros(a) for d, a in zip(info.differentiable, info.avals))
-        described = Described(info)
-        return (tuple(out), described), (all_tangents, described)
+        computed = _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
+        return out, Described(info), _rule.replaced([None] * len(out), outs, computed)
 
-    primal.defjvp(jvp, symbolic_zeros=True)
-
-    def arrays_out(*arrays: Any) -> tuple[Any, ...]:
-        return primal(*arrays)[0]
-
-    def call(*arrays: Any) -> Any:
-        out, described = primal(*arrays)
-        return described.info.rebuild(out)
-
-    return call
+    return jvp
 
 
 def _transposing(name: str, step: Callable[..., Any], *args: Any, needs_values: tuple = _NEEDS_VALUES) -> Any:
@@ -204,27 +227,22 @@ def _check_offset(name: str, pullback: Callable[..., Any], examples: list[Any], 
         return
     real = [] if any(isinstance(c, Tracer) for c in closed.consts) else [list(closed.consts)]  # where concrete
     probes = ("normal", "negated", "ones") if not _jax_private.calls_back(closed.jaxpr) else ()
-    if not real and not probes:  # see only real values
-        return
     zeros = [np.zeros(np.shape(e), e.dtype) for e in examples]
-
     x64 = _jax_private.x64()  # a setting of this thread (jax.enable_x64 as a context), carried over
 
-    def offsets() -> list[tuple[str, np.ndarray]]:  # in a thread of its own: no outer trace there
+    def check() -> None:  # in a thread of its own: no outer trace there; its refusal is raised again here
         with jax.enable_x64(x64):
-            candidates = real + [_probe(closed.consts, k) for k in probes]
-            run = [jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*zeros) for consts in candidates]
-            return [(where, np.asarray(o)) for out in run for where, o in zip(names, out)]
+            for consts in real + [_probe(closed.consts, k) for k in probes]:
+                for where, value in zip(names, jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*zeros)):
+                    if np.any((np.asarray(value) != 0) & np.isfinite(value)):  # 0 * inf: no constant term
+                        what = (
+                            f"its gradient for '{where}' is not zero when grad_output is zero (it has a constant "
+                            "term, as in g + c, or does not depend on grad_output)"
+                        )
+                        raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        evaluated = pool.submit(offsets).result()
-    for where, value in evaluated:
-        if np.any((value != 0) & np.isfinite(value)):  # 0 * inf (an infinite derivative) is no constant term
-            what = (
-                f"its gradient for '{where}' is not zero when grad_output is zero (it has a constant term, "
-                "as in g + c, or does not depend on grad_output)"
-            )
-            raise error(AutogradFunctionTypeError, name, NOT_LINEAR.format(what=what))
+        pool.submit(check).result()
 
 
 def _cast_of_grad_output(jaxpr: Any, linear: set[Any]) -> Any:
@@ -283,39 +301,25 @@ def run_jvp(
     xp: Any = jnp,
 ) -> list[Any]:
     """The user's jvp rule, one step on every path (the traced tangent map, the vmap-rule
-    primitive, a host callback on NumPy, ``xp=np``): the tangents handed over by argument
-    (``tangents_by_slot``; one per array input, None where none moves), ``jvp(ctx, *tangents)``
-    on the context forward left for it, and its return read back per differentiable output
-    (``out_tangents``)."""
+    primitive, a host callback on NumPy, ``xp=np``): ``jvp(ctx, *tangents)`` on the context
+    forward left for it, handed one tangent per argument (PyTorch's count: each ``*args`` element
+    apart) in the argument's structure: the tangent of each float/complex leaf (``tangents``: one
+    per array input, None where none moves; zeros there, or None with
+    ``ctx.set_materialize_grads(False)``), None for every other leaf. Its return is read back as
+    one tangent per differentiable output array, checked and cast to its output's dtype."""
     assert definition.jvp is not None  # called only for a function with a jvp rule
-    handed = tangents_by_slot(args, primals, tangents, materialize, xp=xp)
-    returned = _rule.call_user(definition.name, "jvp", definition.jvp, (ctx, *handed), _rule.jvp_takes(args))
-    return out_tangents(definition.name, info, returned, xp=xp)
-
-
-def tangents_by_slot(
-    args: Arguments, primals: tuple[Any, ...], tangents: list[Any], materialize: bool, xp: Any = jnp
-) -> list[Any]:
-    """One tangent per argument (PyTorch's count: each ``*args`` element apart), in the argument's
-    structure: the tangent of each float/complex leaf (zeros where JAX differentiates nothing, or
-    None with ``ctx.set_materialize_grads(False)``), None for every other leaf. ``xp``: ``numpy``
-    for a host jvp."""
     per_array = [
         (xp.zeros(primal.shape, primal.dtype) if tangent is None and materialize else tangent)
         if args.kinds[position] == DIFF
         else None
         for position, primal, tangent in zip(args.array_positions, primals, tangents)
     ]
-    return args.by_slot(args.parameters(per_array))
-
-
-def out_tangents(name: str, info: Outputs, returned: Any, xp: Any = jnp) -> list[Any]:
-    """The user's jvp result, one tangent per differentiable output array, checked and cast to
-    its output's dtype (``xp``: ``numpy`` for a host jvp)."""
-    leaves = _outputs.per_leaf(name, info, info.is_sequence, returned, "jvp", "tangent")
+    handed = args.by_slot(args.parameters(per_array))
+    returned = _rule.call_user(definition.name, "jvp", definition.jvp, (ctx, *handed), _rule.jvp_takes(args))
+    leaves = _outputs.per_leaf(definition.name, info, info.is_sequence, returned, "jvp", "tangent")
     array_leaves = [leaf for leaf, is_array in zip(leaves, info.is_array) if is_array]
     per_output = enumerate(zip(array_leaves, info.avals, info.differentiable))
-    return [_out_tangent(name, index, tangent, aval, xp) for index, (tangent, aval, d) in per_output if d]
+    return [_out_tangent(definition.name, index, tangent, aval, xp) for index, (tangent, aval, d) in per_output if d]
 
 
 def _out_tangent(name: str, index: int, tangent: Any, aval: Any, xp: Any) -> Any:

@@ -66,18 +66,10 @@ class AutogradFunction:
         jvp: Callable[..., Any] | None = None,
         vmap: Callable[..., Any] | None = None,
     ):
+        # the options as given: with forward and backward, what pickling rebuilds the function from
+        self._options = {key: value for key, value in locals().items() if key not in ("self", "forward", "backward")}
         self.name = name if name is not None else getattr(forward, "__name__", "function")
-        self._given = (forward, backward)  # with _options: what pickling rebuilds from
-        self._options = dict(
-            name=self.name,
-            forward_mode=forward_mode,
-            setup_context=setup_context,
-            host=host,
-            output=output,
-            jit=jit,
-            jvp=jvp,
-            vmap=vmap,
-        )
+        self._given = (forward, backward)  # read-only: the plan below is made from them
         if isinstance(backward, str):  # "finite_differences": backward and jvp made from a host forward
             self._definition = _finite_differences.definition(
                 self.name, backward, host, forward, setup_context, jvp, vmap
@@ -85,7 +77,7 @@ class AutogradFunction:
         else:
             self._definition = _rule.Definition.of(self.name, forward, backward, setup_context, jvp, vmap)
         self.forward_mode, self.jit = bool(forward_mode), bool(jit)
-        _refuse_combinations(self.name, self._definition, self.forward_mode, host, self.jit)
+        _refuse_combinations(self.name, _option_combinations(self._definition, self.forward_mode, host, self.jit))
         self._host = _host.HostFunction(self._definition, output) if host else None
         # the plan, decided once: which builder, and whether forward mode is the function's own
         self._forward_mode = self.forward_mode or self._definition.jvp is not None  # derived, or the user's jvp
@@ -93,7 +85,7 @@ class AutogradFunction:
             self._builder = functools.partial(_primitive.build, forward_mode=self.forward_mode)
         else:
             self._builder = _forward_mode.build if self._forward_mode else _reverse_mode.build
-        self._user = (self._given[0], self._given[1], jvp, vmap)  # what the user wrote, checked for held values
+        self._user = (forward, backward, jvp, vmap)  # what the user wrote, checked for held values
         # what forward and backward close over may become parameters (SPEC 15) where they are plain functions
         self._closed_over_parameters = not (host or setup_context or jvp or vmap)
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
@@ -171,11 +163,10 @@ class AutogradFunction:
         if self._host is not None:
             return self._host.outputs(arguments)
 
-        def described(*arrays: Any) -> Any:
-            out, info = _rule.primal(self._definition, arguments.structure(), arrays)
-            return out, _outputs.Described(info)
+        def described(*arrays: Any) -> _outputs.Described:
+            return _outputs.Described(_rule.primal(self._definition, arguments.structure(), arrays)[1])
 
-        return jax.eval_shape(described, *arguments.arrays)[1].info
+        return jax.eval_shape(described, *arguments.arrays).info
 
     def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
         """For a call, whether each output leaf carries a gradient (`None` for Python values).
@@ -205,29 +196,24 @@ def _explain(err: Exception) -> str | None:
     return None
 
 
-def _refuse_combinations(name: str, definition: _rule.Definition, forward_mode, host, jit) -> None:
-    """Options that can't go together, refused when the function is made."""
-    if host and (forward_mode or jit):
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            "host=True runs NumPy code that JAX can't transpose, trace or compile, so it can't be combined with "
-            "forward_mode=True or jit=True; drop one of them",
-        )
-    if forward_mode and definition.jvp is not None:
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            "it has a jvp rule and forward_mode=True, which would derive another jvp from backward; drop "
-            "forward_mode=True to use your jvp, or drop the jvp to derive it",
-        )
-    if forward_mode and definition.once_differentiable:
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            "it has forward_mode=True, whose tangent rule differentiates backward, but backward is marked "
-            "jaxfn.once_differentiable; drop one of the two",
-        )
+def _refuse_combinations(name: str, refusals: dict[str, bool]) -> None:
+    """Options that can't go together, refused when the function is made: ``refusals`` holds each
+    sentence and whether it applies; the first that does is raised."""
+    for sentence, applies in refusals.items():
+        if applies:
+            raise error(AutogradFunctionTypeError, name, sentence)
+
+
+def _option_combinations(definition: _rule.Definition, forward_mode: bool, host: bool, jit: bool) -> dict[str, bool]:
+    """The options' combinations ``_refuse_combinations`` refuses, and whether each applies."""
+    return {
+        "host=True runs NumPy code that JAX can't transpose, trace or compile, so it can't be combined with "
+        "forward_mode=True or jit=True; drop one of them": host and (forward_mode or jit),
+        "it has a jvp rule and forward_mode=True, which would derive another jvp from backward; drop "
+        "forward_mode=True to use your jvp, or drop the jvp to derive it": forward_mode and definition.jvp is not None,
+        "it has forward_mode=True, whose tangent rule differentiates backward, but backward is marked "
+        "jaxfn.once_differentiable; drop one of the two": forward_mode and definition.once_differentiable,
+    }
 
 
 def _rebuild(forward: Any, backward: Any, options: dict[str, Any]) -> AutogradFunction:
@@ -345,18 +331,7 @@ def autograd_function(
     >>> print(jax.grad(lambda x: mul_constant(x, 2).sum())(jnp.ones(1)))
     [2.]
     """
-    return AutogradFunction(
-        forward,
-        backward,
-        name=name,
-        forward_mode=forward_mode,
-        setup_context=setup_context,
-        host=host,
-        output=output,
-        jit=jit,
-        jvp=jvp,
-        vmap=vmap,
-    )
+    return AutogradFunction(**locals())  # the parameters as given, which are AutogradFunction's
 
 
 def once_differentiable(backward: Callable[..., Any]) -> Callable[..., Any]:
@@ -457,27 +432,20 @@ class Function:
         super().__init_subclass__(**kwargs)
         forward, backward, vjp = (getattr(cls, n, None) for n in ("forward", "backward", "vjp"))
         jvp, vmap = getattr(cls, "jvp", None), getattr(cls, "vmap", None)
-        if backward is not None and vjp is not None:
-            raise error(
-                AutogradFunctionTypeError,
-                cls.__name__,
-                "it defines both backward and vjp, which are two names for the same rule (as in PyTorch); keep one",
-            )
-        if vmap is not None and cls.generate_vmap_rule:
-            raise error(
-                AutogradFunctionTypeError,
-                cls.__name__,
-                "it sets generate_vmap_rule = True, which asks for JAX's own batching, and defines a vmap rule too "
-                "(as in PyTorch, the two exclude each other); drop one",
-            )
+        refusals = {
+            "it defines both backward and vjp, which are two names for the same rule (as in PyTorch); "
+            "keep one": backward is not None and vjp is not None,
+            "it sets generate_vmap_rule = True, which asks for JAX's own batching, and defines a vmap rule too "
+            "(as in PyTorch, the two exclude each other); drop one": vmap is not None and cls.generate_vmap_rule,
+        }
+        _refuse_combinations(cls.__name__, refusals)
         backward = backward if backward is not None else vjp
         cls._jaxfn = None
         if forward is not None and backward is not None:
             options = {n: getattr(cls, n) for n in ("forward_mode", "setup_context", "host", "output", "jit")}
             cls._jaxfn = AutogradFunction(forward, backward, name=cls.__name__, jvp=jvp, vmap=vmap, **options)
-
-        if cls._jaxfn is not None and "apply" not in cls.__dict__:  # .apply's signature: forward's, without ctx
-            cls.apply = classmethod(_apply_with_signature(cls._jaxfn.__signature__))  # type: ignore[method-assign]
+            if "apply" not in cls.__dict__:  # .apply's signature: forward's, without ctx
+                cls.apply = classmethod(_apply_with_signature(cls._jaxfn.__signature__))  # type: ignore[method-assign]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Function:
         if args or kwargs:  # Exp(x): PyTorch's Functions are called through .apply too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,11 +21,7 @@ _FORMS = (
 
 
 def by_parameter(
-    function: str,
-    args: Arguments,
-    returned: Any,
-    keyword_only: tuple[str, ...] = (),
-    differentiated: Mapping[str, bool] | None = None,
+    function: str, args: Arguments, returned: Any, keyword_only: tuple[str, ...], differentiated: Mapping[str, bool]
 ) -> dict[str, Any]:
     """Backward's return value as {parameter name: gradient pytree or None}.
 
@@ -37,8 +34,8 @@ def by_parameter(
     names, slots = args.names, args.slots
     if returned is None:
         raise error(AutogradFunctionTypeError, function, _returned_none(args))
-    # A dict for a one-argument call may be that argument's own gradient, unless it is a single leaf.
-    if isinstance(returned, Mapping) and (len(slots) != 1 or set(returned) <= set(names) or _only(args).num_nodes == 1):
+    own = _own_children(args)
+    if isinstance(returned, Mapping) and (own is None or set(returned) <= set(names)):
         unknown = [key for key in returned if key not in names]
         if unknown:
             raise error(
@@ -53,8 +50,8 @@ def by_parameter(
                 + "; key the dict by forward's parameter names",
             )
         return dict(returned)
-    if isinstance(returned, (tuple, list)) and not (len(slots) == 1 and _own_gradient(args, returned)):
-        return args.from_slots(_per_slot(function, args, returned, keyword_only, differentiated or {}))
+    if isinstance(returned, (tuple, list)) and not (own == len(returned) and len(returned) != 1):
+        return args.from_slots(_per_slot(function, args, returned, keyword_only, differentiated))
     if len(slots) == 1:
         return args.from_slots([returned])
     raise error(
@@ -77,18 +74,17 @@ def _returned_none(args: Arguments) -> str:
     )
 
 
-def _only(args: Arguments) -> Any:
-    """For a one-argument call: the structure of that argument. A single leaf (an array) can't
-    have a dict or tuple as its own gradient: such a return is keyed by parameter name or slot."""
+def _own_children(args: Arguments) -> int | None:
+    """For a one-argument call whose argument is a pytree node, not a single leaf: its number of
+    children. Such a call's backward may return that argument's own gradient: a dict (not keyed by
+    parameter name), or a tuple/list of that length (not one). None for any other call, whose dict
+    or tuple/list is keyed by parameter name or slot."""
+    if len(args.slots) != 1:
+        return None
     position, index = args.slots[0]
     child = args.treedef.children()[position]
-    return child if index is None else child.children()[index]
-
-
-def _own_gradient(args: Arguments, returned: tuple | list) -> bool:
-    """For a one-argument call: whether a tuple/list is that argument's own (pytree) gradient."""
-    child = _only(args)
-    return len(returned) != 1 and child.num_nodes > 1 and len(child.children()) == len(returned)
+    child = child if index is None else child.children()[index]
+    return len(child.children()) if child.num_nodes > 1 else None
 
 
 def _per_slot(
@@ -96,9 +92,8 @@ def _per_slot(
 ) -> list[Any]:
     count = len(args.slots)
     positional = sum(args.names[position] not in keyword_only for position, _ in args.slots)
-    if len(returned) < count and len(returned) >= positional:  # keyword-only gradients left out: None
-        left_out = [args.slot_name(slot) for slot in args.slots[len(returned) :]]
-        wanted = [name for name in left_out if differentiated.get(name)]
+    if positional <= len(returned) < count:  # keyword-only gradients left out: None
+        wanted = [name for name in map(args.slot_name, args.slots[len(returned) :]) if differentiated.get(name)]
         if wanted:
             raise error(
                 AutogradFunctionTypeError,
@@ -130,7 +125,7 @@ def to_cotangents(
     grads: dict[str, Any],
     avals: list[Any],
     wanted: list[bool],
-    asarray: Callable[[Any], Any] = jnp.asarray,
+    asarray: Callable[[Any], Any],
 ) -> list[Any]:
     """One cotangent (or None) per array leaf of ``args``, checked against its input.
 
@@ -140,18 +135,18 @@ def to_cotangents(
     whose gradients stay NumPy arrays.
     """
     per_leaf: list[Any] = [None] * len(args.kinds)
-    problems: list[tuple[type, str]] = []
+    problems = _Problems()
     for position, name in enumerate(args.names):
-        _spread(function, args, position, grads.get(name), per_leaf, problems)
+        _spread(args, position, grads.get(name), per_leaf, problems)
     cotangents = []
     for leaf, aval, want in zip(args.array_positions, avals, wanted):
-        name = args.names[args.owners[leaf]] if want and leaf in args.closed_over else None
+        name = args.closed_over.get(leaf) if want else None
         if name is not None and grads.get(name) is None:
             missing = (AutogradFunctionTypeError, _closure_without_gradient(name, name in args.implicit))
             if missing not in problems:  # once per function, not per value it holds
                 problems.append(missing)
         grad = per_leaf[leaf]
-        checked = None if grad is None else _check_leaf(function, args, leaf, grad, aval, problems, asarray)
+        checked = None if grad is None else _check_leaf(args, leaf, grad, aval, problems, asarray)
         cotangents.append(checked if want else None)
     raise_all(problems, function)
     return cotangents
@@ -174,22 +169,22 @@ def _closure_without_gradient(name: str, implicit: bool) -> str:
     )
 
 
-def _problem(problems: list[tuple[type, str]], kind: type, sentence: str) -> None:
-    """Note one problem of backward's return (all are raised together), and give no cotangent."""
-    problems.append((kind, sentence))
+class _Problems(list[tuple[type, str]]):
+    """The problems of one backward's return, each (kind, sentence): all are raised together."""
+
+    def add(self, sentence: str, kind: type = AutogradFunctionTypeError) -> None:
+        """Note one problem (a type error unless ``kind`` says otherwise), and give no cotangent."""
+        self.append((kind, sentence))
 
 
-def _spread(
-    function: str, args: Arguments, position: int, grad: Any, per_leaf: list[Any], problems: list[tuple[type, str]]
-) -> None:
+def _spread(args: Arguments, position: int, grad: Any, per_leaf: list[Any], problems: _Problems) -> None:
     """Put the gradient pytree of one parameter into ``per_leaf``, matching its structure.
 
     The gradient is matched against the parameter's treedef node by node; nothing is rebuilt,
     so a user's pytree node whose unflatten refuses placeholders (or None) is never asked to
-    hold one."""
-    name = args.names[position]
-    first = sum(child.num_leaves for child in args.treedef.children()[:position])
-    pending = [(grad, args.treedef.children()[position], first)]
+    hold one. A node of another structure stops the match: the parameter is refused whole."""
+    name, parameters = args.names[position], args.treedef.children()
+    pending = [(grad, parameters[position], sum(child.num_leaves for child in parameters[:position]))]
     while pending:
         g, treedef, first = pending.pop()
         if g is None or isinstance(g, SymbolicZero):
@@ -198,63 +193,37 @@ def _spread(
             if args.kinds[first] != STATIC:
                 per_leaf[first] = g
                 continue
-            _problem(
-                problems,
-                AutogradFunctionTypeError,
+            problems.add(
                 f"backward returned a gradient for '{args.paths[first]}', but it is a static "
                 f"argument ({type_name(args.statics[first])}), not an array, so it can't have one; return "
-                f"None for it, or pass a floating-point jnp array to make it differentiable.",
+                f"None for it, or pass a floating-point jnp array to make it differentiable."
             )
             continue
-        g = _fill_missing_keys(g, treedef)
+        data = treedef.node_data()  # (type, aux data), or None for a None node
+        if isinstance(g, dict) and data is not None and data[0] is dict and set(g) <= set(data[1]):
+            g = {key: g.get(key) for key in data[1]}  # the keys its dict input has and it lacks: None (no gradient)
         children, node = jax.tree_util.tree_flatten(g, is_leaf=lambda x, g=g: x is not g)  # one level of g
         if node.num_nodes == 1 and node.num_leaves == 1:  # an array (or value) for a whole subtree
-            n = treedef.num_leaves
-            _problem(
-                problems,
-                AutogradFunctionTypeError,
+            n, kind = treedef.num_leaves, type_name(None) if data is None else a(data[0].__name__)
+            problems.add(
                 f"backward returned {describe(g)} for '{name}', but that part of '{name}' is "
-                f"{_node_name(treedef)}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of "
+                f"{kind}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of "
                 "the same structure, or pass the array inside it to the function instead (a Flax nnx.Param p: "
-                "p[...])",
+                "p[...])"
             )
             continue
         subtrees = treedef.children()
-        if not _same_node(node, treedef, len(children), len(subtrees)):
-            return _problem(problems, AutogradFunctionTypeError, _structure_problem(name, grad, args, position))
-        starts = np.cumsum([first, *(t.num_leaves for t in subtrees)])
-        pending.extend(zip(children, subtrees, starts[:-1].tolist()))
-
-
-def _same_node(node: Any, treedef: Any, count: int, expected: int) -> bool:
-    """Whether a gradient's top node (type and aux data) is the parameter's, with as many children."""
-    if count != expected:
-        return False
-    try:
-        return bool(node.node_data() == treedef.node_data())
-    except (TypeError, ValueError):  # aux data that can't be compared (an array): a different node
-        return False
-
-
-def _node_name(treedef: Any) -> str:
-    data = treedef.node_data()
-    return type_name(None) if data is None else a(data[0].__name__)
-
-
-def _structure_problem(name: str, grad: Any, args: Arguments, position: int) -> str:
-    return (
-        f"backward returned a gradient for '{name}' with pytree structure {jax.tree_util.tree_structure(grad)}, "
-        f"but '{name}' has structure {args.treedef.children()[position]}; return the same structure (None for no "
-        "gradient)."
-    )
-
-
-def _fill_missing_keys(grad: Any, treedef: Any) -> Any:
-    """A dict gradient with the keys its dict input has and it lacks filled with None (no gradient)."""
-    data = treedef.node_data()
-    if isinstance(grad, dict) and data is not None and data[0] is dict and set(grad) <= set(data[1]):
-        return {key: grad.get(key) for key in data[1]}
-    return grad
+        try:  # the same node (type and aux data), with as many children
+            same = len(children) == len(subtrees) and node.node_data() == data
+        except (TypeError, ValueError):  # aux data that can't be compared (an array): a different node
+            same = False
+        if not same:
+            return problems.add(
+                f"backward returned a gradient for '{name}' with pytree structure "
+                f"{jax.tree_util.tree_structure(grad)}, but '{name}' has structure {parameters[position]}; return the "
+                "same structure (None for no gradient)."
+            )
+        pending.extend(zip(children, subtrees, itertools.accumulate((t.num_leaves for t in subtrees), initial=first)))
 
 
 def describe(value: Any) -> str:
@@ -264,79 +233,55 @@ def describe(value: Any) -> str:
     return type_name(value)
 
 
-def _check_undifferentiable_leaf(
-    args: Arguments, leaf: int, grad: Any, primal: Any, problems: list[tuple[type, str]]
-) -> None:
-    """A gradient returned for an integer, boolean or key array, which is never differentiated:
-    dropped (PyTorch's ports return zeros for an index), but a value that can't be a gradient for
-    it (not an array, or of a shape that does not broadcast to it) is refused, as a mistake."""
-    where, what = args.paths[leaf], f"an array of dtype {primal.dtype}, which is never differentiated"
-    if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
-        _problem(
-            problems,
-            AutogradFunctionTypeError,
-            f"backward returned {describe(grad)} as the gradient for '{where}', but '{where}' is {what}; "
-            "return None for it",
-        )
-    elif not broadcasts_to(tuple(primal.shape), tuple(np.shape(grad))):
-        _problem(
-            problems,
-            AutogradFunctionValueError,
-            f"backward returned a gradient of shape {tuple(np.shape(grad))} for '{where}', but '{where}' has "
-            f"shape {tuple(primal.shape)} and is {what}; return None for it",
-        )
+_GRADIENTS = (jax.Array, np.ndarray, np.generic, int, float, complex)  # the types a gradient may have (bool aside)
 
 
 def _check_leaf(
-    function: str,
-    args: Arguments,
-    leaf: int,
-    grad: Any,
-    primal: Any,
-    problems: list[tuple[type, str]],
-    asarray: Callable[[Any], Any] = jnp.asarray,
+    args: Arguments, leaf: int, grad: Any, primal: Any, problems: _Problems, asarray: Callable[[Any], Any]
 ) -> Any:
     """The gradient of leaf ``leaf`` of ``args``, summed to its shape and cast to its dtype; or
-    None, for a leaf that is never differentiated (an integer, boolean or key array: the gradient
-    is checked, then dropped) or a gradient that is refused (noted in ``problems``)."""
-    if args.kinds[leaf] != DIFF:
-        return _check_undifferentiable_leaf(args, leaf, grad, primal, problems)
+    None, for a gradient that is refused (noted in ``problems``) or a leaf that is never
+    differentiated (an integer, boolean or key array): its gradient is dropped (PyTorch's ports
+    return zeros for an index), but a value that can't be a gradient for it (not an array, or of
+    a shape that does not broadcast to it) is refused, as a mistake."""
+    differentiable = args.kinds[leaf] == DIFF
     same = isinstance(grad, jax.Array) and grad.dtype == primal.dtype and grad.shape == tuple(primal.shape)
-    if same and asarray is jnp.asarray:
+    if same and differentiable and asarray is jnp.asarray:
         return grad  # the common case: nothing to convert or check (and the leaf's name is never read)
-    where = args.paths[leaf]
-    got = f"backward returned a gradient for '{where}' with"
-    if not isinstance(grad, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(grad, bool):
-        return _problem(
-            problems,
-            AutogradFunctionTypeError,
-            f"backward returned {describe(grad)} as the gradient for '{where}', "
-            "but a gradient must be an array (or None).",
+    where, shape, dtype = args.paths[leaf], tuple(primal.shape), primal.dtype
+    never = f"an array of dtype {dtype}, which is never differentiated"
+    if not isinstance(grad, _GRADIENTS) or isinstance(grad, bool):
+        but = (
+            "a gradient must be an array (or None)." if differentiable else f"'{where}' is {never}; return None for it"
         )
+        return problems.add(f"backward returned {describe(grad)} as the gradient for '{where}', but {but}")
+    if not differentiable:
+        if not broadcasts_to(shape, tuple(np.shape(grad))):
+            problems.add(
+                f"backward returned a gradient of shape {tuple(np.shape(grad))} for '{where}', but '{where}' has "
+                f"shape {shape} and is {never}; return None for it",
+                AutogradFunctionValueError,
+            )
+        return None
+    got = f"backward returned a gradient for '{where}' with"
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic)):
         grad = asarray(grad)  # a Python number: the dtype JAX gives it
-    shape, dtype = tuple(primal.shape), primal.dtype
     if not jnp.issubdtype(grad.dtype, jnp.inexact):  # checked before asarray: an object array can't be one
-        return _problem(
-            problems,
-            AutogradFunctionTypeError,
-            f"{got} dtype {grad.dtype}, but '{where}' has dtype {dtype}; a gradient must be floating-point.",
+        return problems.add(
+            f"{got} dtype {grad.dtype}, but '{where}' has dtype {dtype}; a gradient must be floating-point."
         )
     if jnp.issubdtype(grad.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
-        return _problem(
-            problems,
-            AutogradFunctionTypeError,
+        return problems.add(
             f"{got} complex dtype {grad.dtype}, but '{where}' is real ({dtype}); "
-            "return the real part (jnp.real) if that is the gradient you mean.",
+            "return the real part (jnp.real) if that is the gradient you mean."
         )
     grad = asarray(grad)
     if grad.shape != shape:
         if not broadcasts_to(shape, grad.shape):
-            return _problem(
-                problems,
-                AutogradFunctionValueError,
+            return problems.add(
                 f"{got} shape {grad.shape}, but '{where}' has shape {shape}, so the shapes do not match "
                 f"(and {shape} does not broadcast to {grad.shape}).",
+                AutogradFunctionValueError,
             )
         grad = sum_to_shape(grad, shape)
     return grad if grad.dtype == dtype else grad.astype(dtype)
@@ -350,7 +295,5 @@ def broadcasts_to(shape: tuple[Any, ...], target: tuple[Any, ...]) -> bool:
 def sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
     """Sum a broadcast gradient down to the input's shape, as PyTorch does."""
     lead = grad.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, size in enumerate(shape) if size == 1 and grad.shape[lead + i] != 1
-    )
-    return grad.sum(axis=axes).reshape(shape)
+    broadcast = tuple(lead + i for i, size in enumerate(shape) if size == 1 and grad.shape[lead + i] != 1)
+    return grad.sum(axis=tuple(range(lead)) + broadcast).reshape(shape)

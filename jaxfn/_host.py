@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _anomaly, _arguments, _context, _forward_mode, _host_values, _jax_private, _keys, _outputs, _rule, _split
-from ._arguments import DIFF, STATIC, Arguments
+from . import _anomaly, _context, _forward_mode, _host_values, _jax_private, _keys, _outputs, _rule, _split
+from ._arguments import DIFF, STATIC, Arguments, dtype_kind
 from ._context import Context, Remainder
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
 from ._host_call import HostCall, bind
@@ -43,19 +43,12 @@ _NUMBERS = (int, float, complex, bool, np.generic)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class _Call:
-    """What the traced forward of one call keeps for its backward and jvp (a static value on its
-    context, kept per trace): the probe, the call's structure, its arrays' shapes and dtypes."""
-
-    probe: _Probe
-    args: Arguments
-    avals: tuple[jax.ShapeDtypeStruct, ...]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
 class _Probe:
-    """What the host forward returns and saves for one signature, learnt once."""
+    """What the host forward returns and saves for one signature, learnt once. The traced forward
+    keeps it on its context (a static value, kept per trace) for its backward and jvp."""
 
+    args: Arguments  # the call's structure (no arrays)
+    avals: tuple[jax.ShapeDtypeStruct, ...]  # its arrays' shapes and dtypes, as JAX holds them
     flags: tuple[bool, ...]  # needs_input_grad, one per array
     info: Outputs  # every output leaf is an array
     remainder: Remainder  # the static part of forward's ctx
@@ -65,26 +58,12 @@ class _Probe:
     @functools.cached_property
     def carried(self) -> tuple[jax.ShapeDtypeStruct, ...]:
         """What forward's callback sends to backward's: the saved values as they cross, or, where
-        none carries data (``None``, an empty list), a receipt (a scalar), so that backward's
-        callback always depends on forward's: under ``jit(grad)`` JAX would otherwise drop a forward
-        whose outputs are unused, and backward would read the probe's saves (and miss its errors)."""
+        none carries data (``None``, an empty list; or only zero-size arrays, which XLA may drop),
+        a receipt (a scalar) after them, so that backward's callback always depends on forward's:
+        under ``jit(grad)`` JAX would otherwise drop a forward whose outputs are unused, and
+        backward would read the probe's saves (and miss its errors)."""
         specs = tuple(map(_host_values.carried_spec, self.carries))
-        return (*specs, _RECEIPT) if self.needs_receipt else specs
-
-    @property
-    def save_names(self) -> tuple[str, ...]:
-        """One per carried value: the name the host forward saved it under, as the traced rule names
-        saves (``cosx``, ``0``, an attribute), then the receipt's."""
-        return (*self.remainder.save_names, "receipt") if self.needs_receipt else self.remainder.save_names
-
-    @functools.cached_property
-    def needs_receipt(self) -> bool:
-        """Whether no save carries data (none, or only zero-size arrays, which XLA may drop) to make
-        backward's callback depend on forward's."""
-        return not any(math.prod(_host_values.carried_spec(c).shape) for c in self.carries)
-
-
-_RECEIPT = jax.ShapeDtypeStruct((), np.uint8)
+        return specs if any(math.prod(s.shape) for s in specs) else (*specs, jax.ShapeDtypeStruct((), np.uint8))
 
 
 class HostFunction:
@@ -115,8 +94,8 @@ class HostFunction:
         whatever it raises propagates untouched."""
         # the arrays as host code sees them: NumPy arrays of the dtypes JAX holds them in
         arrays = [np.asarray(a).astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False) for a in args.arrays]
-        ctx, out, _ = _rule.forward_with_context(self.definition, args, arrays, (False,) * len(arrays))
-        info = _outputs_of(self.definition.name, ctx, out, self.output)
+        _, out, marked = _rule.forward_with_context(self.definition, args, arrays, (False,) * len(arrays))
+        info = _outputs_of(self.definition.name, out, marked, self.output)
         outputs = _check_outputs(self.definition.name, info, out)
         if _anomaly.enabled():
             _anomaly.outputs(self.definition.name, info.rebuild(outputs))
@@ -137,44 +116,41 @@ class HostFunction:
         the grad_outputs JAX gives to the host backward, and returns its gradients by parameter;
         jvp runs forward and the user's jvp on the host. The user's own ``ctx`` lives on the host."""
         definition = self.definition
-        name = definition.name
 
         def forward(ctx: Context, *given: Any, **named: Any) -> Any:
             call = definition.bind(given, named)
-            args, arrays, flags = call.structure(), call.arrays, _context.perturbed(ctx)  # args: no tracers kept
-            probe = self._probe(args, arrays, flags)
-            saving = any(flags)  # when nothing is differentiated, nothing saved crosses
-            specs = (*probe.info.avals, *probe.carried) if saving else probe.info.avals
-            results = bind(name, self._call(probe, args, _host_forward, saving), specs, *arrays)
+            probe = self._probe(call.structure(), call.arrays, _context.perturbed(ctx))  # no tracers kept
+            # when nothing is differentiated, nothing saved crosses
+            specs = (*probe.info.avals, *probe.carried) if any(probe.flags) else probe.info.avals
+            results = self._on_host(probe, specs, call.arrays, _host_forward)
             outs = results[: len(probe.info.avals)]
-            # each saved value under the name the host forward gave it (hsin.cosx, hsin.0); none unless saving
-            ctx.save_for_backward(**dict(zip(probe.save_names, results[len(probe.info.avals) :])))
-            ctx.jaxfn_host = _Call(probe, args, tuple(_arguments.shape_dtypes(arrays)))
+            # each saved value under the name the host forward gave it, as the traced rule names saves
+            # (hsin.cosx, hsin.0), then the receipt, if any (_Probe.carried)
+            ctx.save_for_backward(**dict(zip((*probe.remainder.save_names, "receipt"), results[len(outs) :])))
+            ctx.jaxfn_host = probe
             if definition.jvp is not None:
-                ctx.save_for_forward(*arrays)  # what jvp reads (never a residual of backward)
+                ctx.save_for_forward(*call.arrays)  # what jvp reads (never a residual of backward)
             ctx.mark_non_differentiable(*(o for o, d in zip(outs, probe.info.differentiable) if not d))
             ctx.set_materialize_grads(False)  # grad_outputs JAX does not give stay None: not sent
             return probe.info.rebuild(list(outs))
 
         def backward(ctx: Context, *grad_outputs: Any) -> Any:
-            call = ctx.jaxfn_host
-            probe, args, info = call.probe, call.args, call.probe.info
-            given = _outputs.grad_output_leaves(name, info, info.is_sequence, grad_outputs)
+            probe = ctx.jaxfn_host
+            info = probe.info
+            given = _outputs.grad_output_leaves(definition.name, info, info.is_sequence, grad_outputs)
             present = tuple(d and g is not None for d, g in zip(info.differentiable, given))
-            host = self._call(probe, args, _host_backward, present, call.avals)
-            sent = [g for g, p in zip(given, present) if p]
-            specs = tuple(aval for aval, flag in zip(call.avals, probe.flags) if flag)
-            grads = iter(bind(name, host, specs, *ctx.saved_tensors, *sent) if specs else ())
-            return dict(zip(args.names, args.parameters([next(grads) if flag else None for flag in probe.flags])))
+            sent = [*ctx.saved_tensors, *(g for g, p in zip(given, present) if p)]  # the saves, then grad_outputs
+            specs = tuple(aval for aval, flag in zip(probe.avals, probe.flags) if flag)
+            grads = iter(self._on_host(probe, specs, sent, _host_backward, present) if specs else ())
+            per_array = [next(grads) if flag else None for flag in probe.flags]
+            return dict(zip(probe.args.names, probe.args.parameters(per_array)))
 
         def jvp(ctx: Context, *tangents: Any) -> Any:
-            args = ctx.jaxfn_host.args
-            by_array = args.per_array_from_slots(tangents)
+            probe = ctx.jaxfn_host
+            by_array = probe.args.per_array_from_slots(tangents)
             present = tuple(t is not None for t in by_array)
-            arrays = ctx.saved_tensors
-            probe = self._probe(args, arrays, present)
             given = [t for t in by_array if t is not None]
-            out = bind(name, self._call(probe, args, _host_jvp, present), probe.info.avals, *arrays, *given)
+            out = self._on_host(probe, probe.info.avals, [*ctx.saved_tensors, *given], _host_jvp, present)
             return probe.info.rebuild(list(out))
 
         forward.__signature__ = definition.signature  # type: ignore[attr-defined]
@@ -184,53 +160,41 @@ class HostFunction:
 
     # -- probes and callbacks ----------------------------------------------------------------
     def _probe(self, args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> _Probe:
-        """The probe of this signature (shapes, dtypes, static values, flags, x64), run once."""
-        key = _signature_key(args, arrays, flags)
-        probe = self._probes.get(key) or _run_probe(self.definition, args, arrays, flags, self.output)
+        """The probe of this signature (its strict key, its arrays' shapes and dtypes as JAX holds
+        them, flags, x64), run once; on each call where the call has no key."""
+        avals = tuple(jax.ShapeDtypeStruct(np.shape(a), jax.dtypes.canonicalize_dtype(a.dtype)) for a in arrays)
+        try:
+            key = (_keys.split_key(args, args.kinds), avals, flags, _jax_private.x64())
+        except (_keys.Unkeyable, TypeError):
+            key = None
+        probe = self._probes.get(key) or _run_probe(self.definition, args, avals, flags, self.output)
         if key is not None:
             self._probes[key] = probe
         return probe
 
-    def _call(self, probe: _Probe, args: Arguments, run: Callable[..., Any], *extra: Any) -> HostCall:
-        """This thread's stable ``HostCall`` of ``run(definition, args, probe, *extra, *values)``, the
-        values as NumPy arrays (JAX's cache of compiled callbacks hits)."""
+    def _on_host(self, probe: _Probe, specs: Any, arrays: Any, run: Callable[..., Any], *extra: Any) -> Any:
+        """``run(definition, probe, *extra, *arrays)`` on the host, its results of ``specs``: through
+        this thread's stable ``HostCall`` of it (JAX's cache of compiled callbacks hits)."""
         calls = probe.calls.__dict__.setdefault("by_run", {})  # this thread's
         anomaly = _anomaly.enabled()  # read when the call is traced; the callback runs later, elsewhere
-        key = (run, anomaly, *map(str, extra))
+        key = (run, anomaly, *extra)
         if key not in calls:
-            definition = self.definition
-
-            def host(*values: Any) -> Any:
-                with _jax_private.anomaly_context(anomaly):  # the rule's own checks, as traced
-                    return run(definition, args, probe, *extra, *map(np.asarray, values))  # may be JAX arrays
-
-            calls[key] = HostCall(host)
-        return calls[key]
-
-
-def _signature_key(args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> Any:
-    """What a probe depends on; None when the call has no key (then each call probes)."""
-    try:
-        key = _keys.split_key(args, args.kinds)
-    except (_keys.Unkeyable, TypeError):
-        return None
-    shapes = tuple((tuple(np.shape(a)), str(jax.dtypes.canonicalize_dtype(a.dtype))) for a in arrays)
-    return key, shapes, flags, _jax_private.x64()
+            calls[key] = HostCall(functools.partial(run, self.definition, probe, *extra), anomaly)
+        return bind(self.definition.name, calls[key], specs, *arrays)
 
 
 # -- on the host ---------------------------------------------------------------------------------
-def _host_forward(definition: _rule.Definition, args: Arguments, probe: _Probe, with_saved: bool, *arrays: Any):
-    """Runs in the callback: forward's outputs, and (``with_saved``) what it saved, as they cross."""
-    name = definition.name
-    ctx, out, _ = _rule.forward_with_context(definition, args, list(arrays), probe.flags)
-    results = _check_outputs(name, probe.info, out)
-    if with_saved:
+def _host_forward(definition: _rule.Definition, probe: _Probe, *arrays: Any):
+    """Runs in the callback: forward's outputs, and (where an array is differentiated) what it
+    saved, as they cross."""
+    ctx, out, _ = _rule.forward_with_context(definition, probe.args, list(arrays), probe.flags)
+    results = _check_outputs(definition.name, probe.info, out)
+    if any(probe.flags):
         remainder, leaves = _host_values.split(ctx)
         if (remainder.treedef, remainder.names) != (probe.remainder.treedef, probe.remainder.names):
-            raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="save"))
-        results.extend(_host_values.send(name, leaf, carry) for leaf, carry in zip(leaves, probe.carries))
-        if probe.needs_receipt:  # nothing saved carries data: the receipt (_Probe.carried)
-            results.append(np.zeros(_RECEIPT.shape, _RECEIPT.dtype))
+            raise error(AutogradFunctionTypeError, definition.name, _CHANGED.format(what="save"))
+        results.extend(_host_values.send(definition.name, leaf, carry) for leaf, carry in zip(leaves, probe.carries))
+        results.extend(np.zeros(s.shape, s.dtype) for s in probe.carried[len(leaves) :])  # the receipt, if any
     return tuple(results)
 
 
@@ -249,80 +213,65 @@ def _check_outputs(name: str, info: Outputs, out: Any) -> list[np.ndarray]:
     return [_host_values.conform(name, "output", leaf, spec) for leaf, spec in zip(leaves, info.avals)]
 
 
-def _host_backward(
-    definition: _rule.Definition,
-    args: Arguments,
-    probe: _Probe,
-    present: tuple[bool, ...],
-    avals: tuple[jax.ShapeDtypeStruct, ...],
-    *values: Any,
-) -> tuple[Any, ...]:
+def _host_backward(definition: _rule.Definition, probe: _Probe, present: tuple[bool, ...], *values: Any):
     """Runs in the callback: the rule's own backward step (``_rule.run_backward``) on NumPy arrays,
-    with a context rebuilt from what forward's callback sent; one input-shaped gradient per
-    differentiated array."""
-    carried, given = iter(values[: len(probe.carried)]), iter(values[len(probe.carried) :])
-    saved = [_host_values.receive(definition.name, c, carried) for c in probe.carries]
+    with a context rebuilt from what forward's callback sent (the receipt, if any, left unread);
+    one input-shaped gradient per differentiated array."""
+    saved = [_host_values.receive(definition.name, c, v) for c, v in zip(probe.carries, values)]
     ctx = Context.from_residuals(saved, probe.remainder)
+    given = iter(values[len(probe.carried) :])
     cotangents = [next(given) if p else None for p in present]
-    grads = _rule.run_backward(definition, args, ctx, probe.info, cotangents, list(avals), list(probe.flags), xp=np)
-    return tuple(
-        np.zeros(aval.shape, aval.dtype) if g is None else g for g, aval, flag in zip(grads, avals, probe.flags) if flag
-    )
+    avals, flags = list(probe.avals), list(probe.flags)
+    grads = _rule.run_backward(definition, probe.args, ctx, probe.info, cotangents, avals, flags, xp=np)
+    return tuple(np.zeros(a.shape, a.dtype) if g is None else g for g, a, flag in zip(grads, avals, flags) if flag)
 
 
-def _host_jvp(
-    definition: _rule.Definition, args: Arguments, probe: _Probe, present: tuple[bool, ...], *values: Any
-) -> tuple[Any, ...]:
+def _host_jvp(definition: _rule.Definition, probe: _Probe, present: tuple[bool, ...], *values: Any):
     """Runs in the callback: forward with a fresh context, then the user's jvp reading what it
     saved (``ctx.save_for_forward``) and its attributes, its tangents handed over and read back as
-    the traced rule's are (``_forward_mode``); one tangent per output array."""
+    the traced rule's are (``_forward_mode.run_jvp``); one tangent per output array."""
+    args, info = probe.args, probe.info
     arrays, given = values[: len(present)], iter(values[len(present) :])
     ctx, out, _ = _rule.forward_with_context(definition, args, list(arrays), present)
-    _check_outputs(definition.name, probe.info, out)
+    _check_outputs(definition.name, info, out)
     tangents = [next(given) if flag else None for flag in present]
     view = _context.for_jvp(ctx)
-    computed = iter(
-        _forward_mode.run_jvp(definition, args, view, arrays, tangents, probe.info, ctx.materialize_grads, np)
-    )
-    return tuple(
-        next(computed) if d else np.zeros(a.shape, a.dtype) for d, a in zip(probe.info.differentiable, probe.info.avals)
-    )
+    computed = iter(_forward_mode.run_jvp(definition, args, view, arrays, tangents, info, ctx.materialize_grads, np))
+    return tuple(next(computed) if d else np.zeros(a.shape, a.dtype) for d, a in zip(info.differentiable, info.avals))
 
 
 # -- the probe ---------------------------------------------------------------------------------
-def _run_probe(definition: _rule.Definition, args: Arguments, arrays: Any, flags: Any, output: Any) -> _Probe:
+def _run_probe(definition: _rule.Definition, args: Arguments, avals: Any, flags: Any, output: Any) -> _Probe:
     """Run the host forward on arrays of ones, or (if it fails there) on seeded standard-normal
-    arrays, and describe what it returns and saves."""
-    rng = np.random.default_rng(0)
-    shapes = [(tuple(np.shape(a)), _numpy_dtype(a.dtype)) for a in arrays]
+    arrays, of the shapes and dtypes ``avals``, and describe what it returns and saves."""
     failures: list[Exception] = []
-    for kind in ("ones", "normal"):  # the normal arrays made only if forward fails on ones
-        candidate = [np.ones(s, d) if kind == "ones" else rng.standard_normal(s).astype(d) for s, d in shapes]
+    for fill in (np.ones, np.random.default_rng(0).standard_normal):  # normal arrays only if forward fails on ones
+        candidate = [fill(a.shape).astype(a.dtype) for a in avals]
         try:
             with np.errstate(all="ignore"):
-                ctx, out, _ = _rule.forward_with_context(definition, args, candidate, flags)
+                ctx, out, marked = _rule.forward_with_context(definition, args, candidate, flags)
         except AutogradFunctionError:
             raise
         except Exception as err:  # noqa: BLE001 - reported below with what the probe is for
             if failures and (type(err), str(err)) == (type(failures[0]), str(failures[0])):
                 # the user's own exception, as an eager call raises it, with what jaxfn ran to get it
-                note = _PROBED.format(name=definition.name, ones=_described_call(args, shapes, "ones"))
+                note = _PROBED.format(name=definition.name, ones=_described_call(args, avals, "ones"))
                 if note not in getattr(err, "__notes__", ()):
                     err.add_note(note)
                 raise
             failures.append(err)
             continue
         # what forward returned (checked), and how what it saved crosses to backward
-        info = _outputs_of(definition.name, ctx, out, output)
+        info = _outputs_of(definition.name, out, marked, output)
         remainder, saved = _host_values.split(ctx)
-        return _Probe(tuple(flags), info, remainder, tuple(map(_host_values.carry, saved)))
+        return _Probe(args.structure(), avals, tuple(flags), info, remainder, tuple(map(_host_values.carry, saved)))
     first, last = failures
     raise error(
         AutogradFunctionTypeError,
         definition.name,
         "under a JAX transformation a host forward (host=True) is run once per input signature on example "
         "arrays to learn the shapes of what it returns and saves: jaxfn ran "
-        f"forward({_described_call(args, shapes, 'ones')}), then forward({_described_call(args, shapes, 'normal')}) "
+        f"forward({_described_call(args, avals, 'ones')}), then forward({_described_call(args, avals, 'normal')}) "
         f"(seeded standard-normal values), and it failed on both ({type(first).__name__}: {first}; "
         f"{type(last).__name__}: {last}); make forward accept such inputs (it may branch on them; the Python "
         "values are the call's own), or call it outside transformations, where forward runs on the values given",
@@ -338,9 +287,9 @@ _PROBED = (
 )
 
 
-def _described_call(args: Arguments, shapes: list[tuple[Any, Any]], kind: str) -> str:
+def _described_call(args: Arguments, avals: Any, kind: str) -> str:
     """The probe's call as jaxfn made it: each array as ``ones((3,), float32)``, each Python value as given."""
-    shown = [_Shown(f"{kind}({shape}, {np.dtype(dtype).name})") for shape, dtype in shapes]
+    shown = [_Shown(f"{kind}({a.shape}, {a.dtype.name})") for a in avals]
     return ", ".join(f"{name}={value!r}" for name, value in zip(args.names, args.values(shown)))
 
 
@@ -350,15 +299,12 @@ class _Shown(str):
     __repr__ = str.__str__
 
 
-def _numpy_dtype(dtype: Any) -> Any:
-    return np.dtype(np.uint32 if jnp.issubdtype(dtype, jax.dtypes.extended) else jax.dtypes.canonicalize_dtype(dtype))
-
-
-def _outputs_of(name: str, ctx: Context, out: Any, output: Any) -> Outputs:
-    """What a host forward returned, checked and described (all an eager call needs: no backward)."""
+def _outputs_of(name: str, out: Any, marked: list[Any], output: Any) -> Outputs:
+    """What a host forward returned (``marked``: the outputs it marked non-differentiable), checked
+    and described (all an eager call needs: no backward)."""
     leaves, parts = _split.split(out, lambda leaf: True)  # every leaf an array
     for leaf in leaves or [out]:  # out itself where it holds no leaf (None, an empty tuple): refused too
-        numeric = isinstance(leaf, (np.ndarray, *_NUMBERS)) and _arguments.dtype_kind(np.asarray(leaf).dtype) != STATIC
+        numeric = isinstance(leaf, (np.ndarray, *_NUMBERS)) and dtype_kind(np.asarray(leaf).dtype) != STATIC
         if not (leaves and numeric):
             what = f"a NumPy array of dtype {leaf.dtype}" if isinstance(leaf, np.ndarray) else type_name(leaf)
             raise error(
@@ -369,17 +315,14 @@ def _outputs_of(name: str, ctx: Context, out: Any, output: Any) -> Outputs:
     specs = tuple(_host_values.spec(leaf) for leaf in leaves)
     if output is not None:  # what the user declared
         declared, declared_treedef = jax.tree_util.tree_flatten(output)
-        if declared_treedef != parts.treedef or any(
-            tuple(d.shape) != s.shape or np.dtype(d.dtype) != s.dtype for d, s in zip(declared, specs)
-        ):
+        differs = any(tuple(d.shape) != s.shape or np.dtype(d.dtype) != s.dtype for d, s in zip(declared, specs))
+        if declared_treedef != parts.treedef or differs:
             raise error(
                 AutogradFunctionTypeError,
                 name,
                 f"output= declares {[(tuple(d.shape), str(d.dtype)) for d in declared]}, but the host forward "
                 f"returned {[(s.shape, str(s.dtype)) for s in specs]}; declare what forward returns",
             )
-    marked = _outputs.check_marked(name, leaves, _context.non_differentiable(ctx))
-    differentiable = tuple(
-        id(leaf) not in marked and _arguments.dtype_kind(s.dtype) == DIFF for leaf, s in zip(leaves, specs)
-    )
+    ids = _outputs.check_marked(name, leaves, marked)
+    differentiable = tuple(id(leaf) not in ids and dtype_kind(s.dtype) == DIFF for leaf, s in zip(leaves, specs))
     return Outputs(parts.treedef, parts.is_array, parts.statics, specs, differentiable, isinstance(out, (tuple, list)))

@@ -14,10 +14,12 @@ a jitted program that runs it later keeps nothing alive.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from jax.core import Tracer
 
 from . import _jax_private, _rule
@@ -39,19 +41,21 @@ EXPORT = (
 )
 
 
+@dataclasses.dataclass(eq=False, slots=True)  # compared by identity, as JAX's cache of callbacks keys it
 class HostCall:
-    """A host function as ``jax.pure_callback`` calls it, keeping what it raises while armed."""
+    """A host function as ``jax.pure_callback`` calls it: on NumPy arrays, with jaxfn's anomaly
+    checks on where they were when its call was traced (it runs later, elsewhere), keeping what
+    it raises while armed."""
 
-    __slots__ = ("run", "armed", "raised")
-
-    def __init__(self, run: Callable[..., Any]):
-        self.run = run
-        self.armed = False
-        self.raised: BaseException | None = None
+    run: Callable[..., Any]
+    anomaly: bool
+    armed: bool = False
+    raised: BaseException | None = None
 
     def __call__(self, *arrays: Any) -> Any:
         try:
-            return self.run(*arrays)
+            with _jax_private.anomaly_context(self.anomaly):  # the rule's own checks, as traced
+                return self.run(*map(np.asarray, arrays))  # pure_callback may hand it JAX arrays
         except BaseException as err:
             if self.armed:
                 self.raised = err
@@ -68,7 +72,6 @@ def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
     if _jax_private.inside_export():
         raise error(AutogradFunctionTypeError, name, EXPORT)
 
-    raised = None
     host.armed, host.raised = True, None
     try:
         given = _rule.nondifferentiable(name, ONCE, arrays)  # a derivative through host code: refused
@@ -82,9 +85,9 @@ def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
             jax.block_until_ready(results)  # run at once: an asynchronous device reports here, not later
         return results
     except jax.errors.JaxRuntimeError:
-        raised = host.raised
-        if raised is None:
+        if host.raised is None:
             raise
+        raised = host.raised
     finally:
         host.armed, host.raised = False, None
     raise raised  # the host code's own exception, outside the except clause: no JaxRuntimeError chained to it

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import struct
 import threading
 from typing import Any
 
@@ -36,40 +35,34 @@ def split(ctx: Context) -> tuple[Remainder, list[Any]]:
 
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses
 # exactly: an array of a dtype JAX holds as it is (a float32 array; a float64 one with x64 on) as
-# an array; a NumPy scalar, or an array JAX would narrow or can't hold (float64 with x64 off,
-# datetime, strings, records), as its raw bytes; a Python number as its 64-bit bytes. Any other
-# Python value (a str, None, an object) is kept on the host per call (``KEPT``): a value forward
+# an array (its ``spec``); anything else as the raw bytes of a NumPy value (``Raw``): a NumPy
+# scalar, or an array JAX would narrow or can't hold (float64 with x64 off, datetime, strings,
+# records), as itself; a Python number as a 64-bit one. Any other Python value (a str, None, an
+# object) is kept on the host per call (``KEPT``) and only its key crosses: a value forward
 # computes from this call's data (a branch it took) is this call's own, never the probe's.
 
 
 @dataclasses.dataclass(frozen=True)
-class Number:
-    kind: type  # int, float, complex or bool
-
-
-@dataclasses.dataclass(frozen=True)
-class PerCall:
-    """An object forward kept on ctx, held on the host for this call's backward (``KEPT``)."""
-
-
-@dataclasses.dataclass(frozen=True)
 class Raw:
+    """A saved value that crosses as the bytes of a NumPy value of ``dtype`` and ``shape``."""
+
     dtype: np.dtype
     shape: tuple[int, ...]
-    scalar: bool  # a NumPy scalar, handed back as one
+    kind: type  # as backward gets it: np.ndarray, np.generic (a NumPy scalar), a Python number's type, or Kept
 
 
-PACKED = {bool: "<?", int: "<q", float: "<d", complex: "<dd"}
+NUMBERS = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
 
 
 def carry(value: Any) -> Any:
-    if type(value) in PACKED:
-        return Number(type(value))
+    if type(value) in NUMBERS:
+        return Raw(np.dtype(NUMBERS[type(value)]), (), type(value))
     if not isinstance(value, (np.ndarray, np.generic)) or value.dtype == object:
-        return PerCall()  # kept per call: a Python value forward computes from the data is this call's own
+        return Raw(np.dtype(np.int64), (), Kept)  # kept per call: a Python value forward computes from the data
     numeric = jnp.issubdtype(value.dtype, np.number) or value.dtype == np.bool_
-    if isinstance(value, np.generic) or not numeric or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
-        return Raw(value.dtype, tuple(np.shape(value)), isinstance(value, np.generic))
+    scalar = isinstance(value, np.generic)
+    if scalar or not numeric or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype:
+        return Raw(value.dtype, tuple(np.shape(value)), np.generic if scalar else np.ndarray)
     return spec(value)
 
 
@@ -92,9 +85,8 @@ class Kept:
 
     def keep(self, value: Any) -> int:
         with self._lock:
-            for key in self._read:
-                self._entries.pop(key, None)
-            self._read.clear()
+            while self._read:  # what backwards have read: freed
+                self._entries.pop(self._read.pop(), None)
             while len(self._entries) >= self.limit:
                 self._entries.popitem(last=False)
             key = next(self._keys)
@@ -120,10 +112,6 @@ _GONE = (
 
 
 def carried_spec(carry: Any) -> jax.ShapeDtypeStruct:
-    if isinstance(carry, PerCall):
-        return jax.ShapeDtypeStruct((8,), np.uint8)
-    if isinstance(carry, Number):
-        return jax.ShapeDtypeStruct((struct.calcsize(PACKED[carry.kind]),), np.uint8)
     if isinstance(carry, Raw):
         return jax.ShapeDtypeStruct((carry.dtype.itemsize * int(np.prod(carry.shape)),), np.uint8)
     return carry
@@ -131,34 +119,39 @@ def carried_spec(carry: Any) -> jax.ShapeDtypeStruct:
 
 def send(name: str, value: Any, carry: Any) -> np.ndarray:
     """Runs on the host after forward: a saved value as the array that crosses to backward."""
-    if isinstance(carry, PerCall):
-        return _pack(name, KEPT.keep(value))
-    if isinstance(carry, Number):
+    if not isinstance(carry, Raw):
+        return conform(name, "saved value", value, carry, exact=True)
+    if carry.kind is Kept:
+        value = KEPT.keep(value)
+    elif carry.kind in NUMBERS:
         if type(value) is not carry.kind:
             raise error(AutogradFunctionTypeError, name, changed(value, f"a Python {carry.kind.__name__}"))
-        return _pack(name, value)
-    if isinstance(carry, Raw):
-        if not isinstance(value, (np.ndarray, np.generic)) or (value.dtype, value.shape) != (carry.dtype, carry.shape):
+        if type(value) is int and not -(2**63) <= value < 2**63:
             raise error(
                 AutogradFunctionTypeError,
                 name,
-                changed(value, f"a NumPy value of dtype {carry.dtype} and shape {carry.shape}"),
+                f"a host forward (host=True) saved the Python number {value!r} on ctx, which does not fit 64 bits; "
+                "save it as a NumPy array or a string",
             )
-        return np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8).copy()
-    return conform(name, "saved value", value, carry, exact=True)
+    elif not isinstance(value, (np.ndarray, np.generic)) or (value.dtype, value.shape) != (carry.dtype, carry.shape):
+        raise error(
+            AutogradFunctionTypeError,
+            name,
+            changed(value, f"a NumPy value of dtype {carry.dtype} and shape {carry.shape}"),
+        )
+    return np.frombuffer(np.asarray(value, carry.dtype).tobytes(), np.uint8).copy()
 
 
-def receive(name: str, carry: Any, values: Any) -> Any:
+def receive(name: str, carry: Any, value: np.ndarray) -> Any:
     """Runs on the host before backward: a saved value as forward saved it."""
-    raw = np.asarray(next(values))
-    if isinstance(carry, PerCall):
-        return KEPT.get(name, _unpack(int, raw))
-    if isinstance(carry, Number):
-        return _unpack(carry.kind, raw)
-    if isinstance(carry, Raw):
-        array = np.frombuffer(raw.astype(np.uint8).tobytes(), carry.dtype).reshape(carry.shape).copy()
-        return array[()] if carry.scalar else array
-    return raw
+    if not isinstance(carry, Raw):
+        return value
+    array = np.frombuffer(value.tobytes(), carry.dtype).reshape(carry.shape).copy()
+    if carry.kind is np.ndarray:
+        return array
+    if carry.kind is Kept:
+        return KEPT.get(name, int(array[()]))
+    return array[()] if carry.kind is np.generic else carry.kind(array[()])
 
 
 def changed(value: Any, first: str) -> str:
@@ -173,24 +166,6 @@ def _short(value: Any) -> str:
     if isinstance(value, (np.ndarray, np.generic)):
         return f"a NumPy value of dtype {value.dtype} and shape {np.shape(value)}"
     return repr(value) if len(repr(value)) < 60 else type_name(value)
-
-
-def _pack(name: str, value: Any) -> np.ndarray:
-    try:
-        packed = struct.pack(PACKED[type(value)], *((value.real, value.imag) if type(value) is complex else (value,)))
-    except struct.error:
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"a host forward (host=True) saved the Python number {value!r} on ctx, which does not fit 64 bits; "
-            "save it as a NumPy array or a string",
-        ) from None
-    return np.frombuffer(packed, np.uint8).copy()
-
-
-def _unpack(kind: type, raw: np.ndarray) -> Any:
-    values = struct.unpack(PACKED[kind], np.asarray(raw, np.uint8).tobytes())
-    return complex(*values) if kind is complex else values[0]
 
 
 def spec(value: Any) -> jax.ShapeDtypeStruct:

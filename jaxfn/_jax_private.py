@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import functools
 import traceback
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
 import numpy as np
+from jax._src import core as _jax_core  # JAX's private core (jax 0.10-0.12), for the three functions named below
 from jax.ad_checkpoint import checkpoint_name
 from jax.core import Tracer
 from jax.core import eval_jaxpr as _eval_jaxpr
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-try:  # the cheapest test of "no JAX transformation is active"
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover - a JAX that moved it: every call counts as traced
-
-    def _trace_state_clean() -> bool:
-        return False
-
+# The cheapest test of "no JAX transformation is active" (a JAX that moved it: every call counts as traced).
+_trace_state_clean: Callable[[], bool] = getattr(_jax_core, "trace_state_clean", lambda: False)
 
 try:  # the class of concrete JAX arrays, named without starting a backend
     from jax._src.array import ArrayImpl as CONCRETE_ARRAY
@@ -51,9 +48,8 @@ def outside_traces(arrays: tuple[Any, ...] | list[Any]) -> bool:
 NEWEST_KNOWN_JAX = (0, 12)
 
 
-def jax_version() -> tuple[int, int]:
-    major, minor = jax.__version__.split(".")[:2]
-    return int(major), int(minor)
+def jax_version() -> tuple[int, ...]:
+    return jax.__version_info__[:2]
 
 
 def upgrade_flag(name: str) -> bool:
@@ -74,16 +70,19 @@ def custom_vjp3() -> bool:
     return upgrade_flag("jax_custom_vjp3")
 
 
-# What jax.custom_vjp's TypeError says when forward mode reaches it (jax 0.10-0.12), and what JAX
-# says of a value closed over from another trace (its UnexpectedTracerError, or a custom rule's
-# "closed-over value" refusal).
+# What jax.custom_vjp's TypeError says when forward mode reaches it (jax 0.10-0.12), and the methods
+# of JAX's hijax custom_vjp (jax_custom_vjp3) that refuse it; what JAX says of a value closed over
+# from another trace (its UnexpectedTracerError, or a custom rule's "closed-over value" refusal).
 _JVP_REFUSAL = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+_HIJAX_JVP = ("jvp", "lin", "linearized")
 
 
 def refused_forward_mode(err: Exception) -> bool:
-    """Whether ``err`` is JAX refusing forward mode on a ``jax.custom_vjp`` (its TypeError, or with
-    ``jax_custom_vjp3`` the hijax NotImplementedError)."""
-    return _JVP_REFUSAL in str(err) or refused_by_hijax(err)
+    """Whether ``err`` is JAX refusing forward mode on a ``jax.custom_vjp``: its TypeError, or with
+    ``jax_custom_vjp3`` on a bare NotImplementedError from the ``jvp``/``lin`` methods of JAX's
+    hijax custom_vjp (jax/_src/hijax.py)."""
+    in_hijax = _jax_functions(err, "hijax.py")
+    return _JVP_REFUSAL in str(err) or (isinstance(err, NotImplementedError) and any(f in _HIJAX_JVP for f in in_hijax))
 
 
 def refused_closure(err: Exception) -> bool:
@@ -108,22 +107,10 @@ def x64() -> bool:
     return bool(jax.config.read("jax_enable_x64"))
 
 
-# JAX's tracers of forward and reverse mode (jax._src.interpreters.ad; no public names).
-_DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
-
-
 def is_differentiating_tracer(value: Any) -> bool:
-    """Whether ``value`` is a tracer of a forward- or reverse-mode differentiation."""
-    return type(value).__name__ in _DIFFERENTIATING_TRACERS
-
-
-def refused_by_hijax(err: Exception) -> bool:
-    """With jax_custom_vjp3 on, JAX's custom_vjp refuses forward mode with a bare
-    NotImplementedError from its ``jvp``/``lin`` methods (jax/_src/hijax.py)."""
-    return isinstance(err, NotImplementedError) and any(
-        frame.f_code.co_filename.endswith("hijax.py") and frame.f_code.co_name in ("jvp", "lin", "linearized")
-        for frame, _ in traceback.walk_tb(err.__traceback__)
-    )
+    """Whether ``value`` is a tracer of a forward- or reverse-mode differentiation (JAX's tracers of
+    forward and reverse mode, jax._src.interpreters.ad; no public names)."""
+    return type(value).__name__ in ("JVPTracer", "LinearizeTracer")
 
 
 def refused_in_eager_shard_map(err: Exception) -> bool:
@@ -133,16 +120,22 @@ def refused_in_eager_shard_map(err: Exception) -> bool:
     return isinstance(err, NotImplementedError) and "symbolic_zeros support with shard_map" in str(err)
 
 
-# A setting that jax.jit's cache keys on (one of JAX's own config states; no public way to define one).
+# Settings that jax.jit's cache keys on (JAX's own config states; no public way to define one), off
+# by default. Each is on or off here (a context, or the whole program); calling it with a value gives
+# a context in which it has that value, and jax.jit traces again where it differs (so a jax.jit
+# traced inside plain forward never hands its plain program to a later call).
 from jax._src.config import bool_state as _bool_state  # noqa: E402
 
-_ANOMALY: Any = _bool_state(
+
+def _jit_keyed_setting(name: str, help: str) -> Any:
+    return _bool_state(name, False, help=help, include_in_jit_key=True, include_in_trace_context=True)
+
+
+_ANOMALY = _jit_keyed_setting(
     "jaxfn_detect_anomaly",
-    False,
-    help="jaxfn: check every jaxfn function's outputs and gradients for NaN/Inf (jaxfn.detect_anomaly)",
-    include_in_jit_key=True,
-    include_in_trace_context=True,
+    "jaxfn: check every jaxfn function's outputs and gradients for NaN/Inf (jaxfn.detect_anomaly)",
 )
+anomaly_context = _ANOMALY  # with anomaly_context(True): ...
 
 
 def anomaly_on() -> bool:
@@ -150,23 +143,16 @@ def anomaly_on() -> bool:
     return bool(_ANOMALY.value)
 
 
-def anomaly_context(value: bool) -> Any:
-    """A context in which the state is ``value`` (jax.jit traces again where it differs)."""
-    return _ANOMALY(value)
-
-
 def set_anomaly(value: bool) -> None:
     """Set the state for the whole program."""
     _ANOMALY._set(value)
 
 
-_PLAIN_FORWARD: Any = _bool_state(
+_PLAIN_FORWARD = _jit_keyed_setting(
     "jaxfn_plain_forward",
-    False,
-    help="jaxfn: jaxfn functions run their forward's operations with no custom rule (jaxfn's checks inside)",
-    include_in_jit_key=True,  # a jax.jit traced inside never hands its plain program to a later call
-    include_in_trace_context=True,
+    "jaxfn: jaxfn functions run their forward's operations with no custom rule (jaxfn's checks inside)",
 )
+plain_forward_context = _PLAIN_FORWARD  # with plain_forward_context(True): ...
 
 
 def plain_forward_on() -> bool:
@@ -174,18 +160,11 @@ def plain_forward_on() -> bool:
     return bool(_PLAIN_FORWARD.value)
 
 
-def plain_forward_context(value: bool) -> Any:
-    """A context in which that state is ``value`` (jax.jit traces again where it differs)."""
-    return _PLAIN_FORWARD(value)
-
-
-# JAX's own report of what a differentiation keeps (jax.ad_checkpoint.print_saved_residuals prints it)
+# JAX's own report of what a differentiation keeps (jax.ad_checkpoint.print_saved_residuals prints it):
+# saved_residuals(f, *args, **kwargs) is the (aval, description) of every residual kept to differentiate f.
 from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # noqa: E402
 
-
-def saved_residuals(f: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, str]]:
-    """(aval, description) of every residual JAX keeps to differentiate ``f`` at ``args``."""
-    return _saved_residuals(f, *args, **kwargs)
+saved_residuals: Callable[..., list[tuple[Any, str]]] = _saved_residuals
 
 
 # How saved_residuals describes a residual (jax 0.10-0.12): "named 'linear.input' from ...",
@@ -206,7 +185,7 @@ def residual_of_custom_vjp_in(description: str, package: str) -> bool:
 
 
 # JAX's hijax primitives (jax.experimental.hijax, experimental): a primitive whose rules are
-# Python methods. The class is VJPHiPrimitive in jax 0.10 and 0.11, HiPrim from jax 0.12; its
+# Python methods. The class is VJPHiPrimitive in jax 0.10, HiPrim from jax 0.11; its
 # symbolic zero is ``Zero``, and the avals it takes are ``ShapedArray``s.
 from jax.experimental import hijax as _hijax  # noqa: E402
 
@@ -257,9 +236,7 @@ _CALLBACKS = ("pure_callback", "io_callback", "debug_callback", "callback")
 
 def calls_back(jaxpr: Any) -> bool:
     """Whether ``jaxpr`` (or a jaxpr it holds) calls back into Python."""
-    return any(
-        eqn.primitive.name in _CALLBACKS or any(calls_back(sub) for sub in sub_jaxprs(eqn.params)) for eqn in jaxpr.eqns
-    )
+    return _any_equation(jaxpr, lambda eqn: eqn.primitive.name in _CALLBACKS)
 
 
 def uses_mesh_axes(jaxpr: Any) -> bool:
@@ -270,22 +247,30 @@ def uses_mesh_axes(jaxpr: Any) -> bool:
     def names_an_axis(value: Any) -> bool:
         return isinstance(value, str) or (isinstance(value, (tuple, list)) and any(map(names_an_axis, value)))
 
-    return any(
-        any(names_an_axis(eqn.params.get(key)) for key in ("axes", "axis_name"))
-        or any(uses_mesh_axes(sub) for sub in sub_jaxprs(eqn.params))
-        for eqn in jaxpr.eqns
+    return _any_equation(
+        jaxpr, lambda eqn: names_an_axis(eqn.params.get("axes")) or names_an_axis(eqn.params.get("axis_name"))
     )
+
+
+def _any_equation(jaxpr: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether an equation of ``jaxpr``, or of a jaxpr it holds at any depth, passes ``test``."""
+    return any(test(eqn) or any(_any_equation(sub, test) for sub in sub_jaxprs(eqn.params)) for eqn in jaxpr.eqns)
 
 
 def sub_jaxprs(params: dict[str, Any]) -> list[Any]:
     """The jaxprs an equation holds in its parameters (a jit's, a cond's branches, a scan's body;
     closed ones opened), as jax 0.10-0.12 keep them."""
-    items = [item for value in params.values() for item in (value if isinstance(value, (tuple, list)) else (value,))]
     return [
         item.jaxpr if isinstance(item, ClosedJaxpr) else item
-        for item in items
+        for item in _items(params.values())
         if isinstance(item, (ClosedJaxpr, Jaxpr))
     ]
+
+
+def _items(values: Iterable[Any]) -> list[Any]:
+    """``values`` with each tuple or list among them replaced by its items (how JAX holds several
+    jaxprs in one parameter, and shapes or arguments in one local)."""
+    return [item for value in values for item in (value if isinstance(value, (tuple, list)) else (value,))]
 
 
 def sub_jaxpr_operands(eqn: Any, sub: Any) -> int | None:
@@ -301,14 +286,11 @@ def sub_jaxpr_operands(eqn: Any, sub: Any) -> int | None:
     return None
 
 
-# The dtype of a value's tangent (jax._src.core; public only through an array's aval): float0 for
-# values JAX never differentiates (integers, PRNG keys), itself for Flax's fp8 fm32 scales.
-from jax._src.core import primal_dtype_to_tangent_dtype as _tangent_dtype  # noqa: E402
-
-
 def has_tangent(dtype: Any) -> bool:
-    """Whether JAX differentiates values of an extended ``dtype`` (its tangent dtype is not float0)."""
-    return _tangent_dtype(dtype) != jax.dtypes.float0
+    """Whether JAX differentiates values of an extended ``dtype``: its tangent dtype (jax._src.core's;
+    public only through an array's aval) is not float0, as it is for values JAX never differentiates
+    (integers, PRNG keys); Flax's fp8 fm32 scales are their own."""
+    return _jax_core.primal_dtype_to_tangent_dtype(dtype) != jax.dtypes.float0
 
 
 def traced(function: Any, arrays: Any) -> tuple[Any, list[Any], Any]:
@@ -328,15 +310,10 @@ def run_traced(program: Any, consts: list[Any], arrays: Any) -> list[Any]:
     return _eval_jaxpr(program, consts, *arrays)
 
 
-# An abstract value from a ShapeDtypeStruct, keeping the mesh axes it varies over inside
-# jax.shard_map (a ShapedArray built from shape and dtype alone drops them): jax._src.core's
-# shaped_abstractify, jax 0.10-0.12.
-from jax._src.core import shaped_abstractify as _shaped_abstractify  # noqa: E402
-
-
-def aval_of(struct: Any) -> Any:
-    """The abstract value of a ``jax.ShapeDtypeStruct`` (``jax.eval_shape``'s), varying axes kept."""
-    return _shaped_abstractify(struct)
+# aval_of(struct): the abstract value of a jax.ShapeDtypeStruct (jax.eval_shape's), keeping the mesh
+# axes it varies over inside jax.shard_map (a ShapedArray built from shape and dtype alone drops
+# them): jax._src.core's shaped_abstractify, jax 0.10-0.12.
+aval_of = _jax_core.shaped_abstractify
 
 
 def batched_aval(aval: Any, size: int) -> Any:
@@ -383,6 +360,7 @@ _SIZE_DEPENDS_ON_VALUES = (
     ("the total number of repeats must be static", "jnp.repeat", "total_repeat_length"),
 )
 _JAX_NUMPY_DIR = _os.path.join("jax", "_src", "numpy") + _os.sep
+_JAX_DIR = _os.path.dirname(jax.__file__) + _os.sep
 
 
 def sized_by_values(err: BaseException) -> tuple[str, str] | None:
@@ -390,22 +368,48 @@ def sized_by_values(err: BaseException) -> tuple[str, str] | None:
     on the values: the function the user called (``jnp.argwhere``, ``jnp.where``, ``x.nonzero``,
     read from the traceback: the outermost frame in jax.numpy, as jax 0.10.2-0.12 lay them out;
     else the function whose text matched) and the keyword that fixes the size; else None."""
-    if not isinstance(err, jax.errors.ConcretizationTypeError):
-        return None
-    text = str(err)
+    text = str(err) if isinstance(err, jax.errors.ConcretizationTypeError) else ""  # no other error matches
     found = next(((name, keyword) for key, name, keyword in _SIZE_DEPENDS_ON_VALUES if key in text), None)
     if found is None:
         return None
-    names = [
-        frame.f_code.co_name
-        for frame, _ in traceback.walk_tb(err.__traceback__)
-        if _JAX_NUMPY_DIR in frame.f_code.co_filename.replace("/", _os.sep)
-    ]
+    names = _jax_functions(err, _JAX_NUMPY_DIR)
     if names and names[0] == "meth" and len(names) > 1:  # Array's method wrapper (array_methods.py)
         return f"x.{names[1].lstrip('_')}", found[1]
     if names and names[0].isidentifier() and not names[0].startswith("_"):
         return f"jnp.{names[0]}", found[1]
     return found
+
+
+def raised_in_array_method(err: BaseException, name: str) -> bool:
+    """Whether ``err`` was raised inside JAX's array method ``name`` (a frame of JAX's code named
+    ``name`` or ``_name``, as jax 0.10-0.12 spell Array's methods)."""
+    return name in [function.lstrip("_") for function in _jax_functions(err, _JAX_DIR)]
+
+
+def _jax_functions(err: BaseException, path: str) -> list[str]:
+    """The names of the functions in ``err``'s traceback that run JAX's code at ``path`` (a file,
+    or a folder ending in a separator), outermost first."""
+    return [
+        frame.f_code.co_name
+        for frame, _ in traceback.walk_tb(err.__traceback__)
+        if path in frame.f_code.co_filename.replace("/", _os.sep)
+    ]
+
+
+def concretized(err: BaseException) -> Any:
+    """The tracer whose concrete value ``err`` (a tracer error) asked for, where it can be told; else
+    None.
+
+    JAX raises these errors in a frame that was handed the tracer (``Tracer.__bool__``'s
+    ``self``, ``concrete_or_error``'s ``val``, a shape tuple holding it): the innermost frame of the
+    traceback that holds a tracer (in a local, or a tuple or list a local is) holds it. Where that
+    frame holds more than one, which one is not known: None. A guess about JAX's code that fails
+    safe (None: the message says the fix in general), jax 0.10-0.12."""
+    for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
+        held = {id(item): item for item in _items(frame.f_locals.values()) if isinstance(item, Tracer)}
+        if held:
+            return next(iter(held.values())) if len(held) == 1 else None
+    return None
 
 
 # Which JAX transformation traced a value (jax 0.10.2-0.12, read from jax._src.interpreters: no
@@ -416,7 +420,6 @@ def sized_by_values(err: BaseException) -> tuple[str, str] | None:
 # "custom_vjp fun"...). A custom rule's function is traced inside the outer trace's
 # ``process_custom_vjp_call``/``process_custom_jvp_call``, whose ``tracers`` are its arguments.
 _LOOPS = ("fori_loop", "scan", "while_body", "while_cond", "while_loop", "map")
-_CUSTOM_CALLS = ("process_custom_vjp_call", "process_custom_jvp_call")
 
 
 def traced_by(value: Any) -> str | None:
@@ -440,43 +443,35 @@ def _traced_by(value: Any, frame: Any, depth: int) -> str | None:
         return "vmap" if getattr(value, "batch_dim", None) is not None else None
     if kind != "DynamicJaxprTracer":
         return None
-    trace = value._trace
-    stack = trace.frame
-    var = value.val
-    lifted = next((outer for const, outer in stack.constvar_to_val.items() if const is var), None)
+    trace, var = value._trace, value.val
+    lifted = next((outer for const, outer in trace.frame.constvar_to_val.items() if const is var), None)
     if lifted is not None:
         return _traced_by(lifted, frame, depth + 1)
-    position = next((i for i, invar in enumerate(stack.invars) if invar is var), None)
+    position = next((i for i, invar in enumerate(trace.frame.invars) if invar is var), None)
     if position is None:
         return None  # computed inside the trace
-    traced_for = getattr(stack.debug_info, "traced_for", None)
-    if traced_for == "jit":  # under jax.vmap, jit's arguments may be batched ones: not known
-        if depth == 0 and custom_vjp3():  # jax_custom_vjp3 traces forward as a jit of its own: not known
-            return None
-        # jax.eval_shape, jax.make_jaxpr trace as jit does: no static_argnames
-        if _on_stack(_API_FILE, _ABSTRACT_TRACES):
-            return None
-        return None if _under_vmap(trace) else "jit"
+    traced_for = str(getattr(trace.frame.debug_info, "traced_for", None))
+    if traced_for == "jit":
+        # not known: with jax_custom_vjp3 (it traces forward as a jit of its own), under jax.eval_shape
+        # or jax.make_jaxpr (they trace as jit does: no static_argnames), and under jax.vmap (jit's
+        # arguments may be batched ones)
+        unknown = (depth == 0 and custom_vjp3()) or _on_stack(_API_FILE, _ABSTRACT_TRACES) or _under_vmap(trace)
+        return None if unknown else "jit"
     if traced_for in _LOOPS:
         return "loop"
-    if isinstance(traced_for, str) and traced_for.startswith(("custom_vjp", "custom_jvp")):
-        caller = _custom_call_arguments(frame, len(stack.invars))
-        if caller is None:
-            return None
-        outer, frame = caller
-        return _traced_by(outer[position], frame.f_back, depth + 1)
-    return None
+    if not traced_for.startswith(("custom_vjp", "custom_jvp")):
+        return None
+    caller = _custom_call(frame, len(trace.frame.invars))
+    return None if caller is None else _traced_by(caller.f_locals["tracers"][position], caller.f_back, depth + 1)
 
 
-def _custom_call_arguments(frame: Any, count: int) -> tuple[list[Any], Any] | None:
-    """The arguments (``tracers``) of the nearest custom rule's call on the stack from ``frame``
-    outward, and its frame, where it has ``count`` of them; else None."""
-    while frame is not None and frame.f_code.co_name not in _CUSTOM_CALLS:
+def _custom_call(frame: Any, count: int) -> Any:
+    """The frame of the nearest custom rule's call on the stack from ``frame`` outward, where it
+    has ``count`` arguments (its ``tracers``); else None."""
+    while frame is not None and frame.f_code.co_name not in ("process_custom_vjp_call", "process_custom_jvp_call"):
         frame = frame.f_back
     tracers = None if frame is None else frame.f_locals.get("tracers")
-    if isinstance(tracers, (list, tuple)) and len(tracers) == count:
-        return list(tracers), frame
-    return None
+    return frame if isinstance(tracers, (list, tuple)) and len(tracers) == count else None
 
 
 def _under_vmap(trace: Any) -> bool:

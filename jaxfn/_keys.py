@@ -2,14 +2,13 @@
 do ``0.0`` and ``-0.0``, though Python calls them equal.
 
 ``jit=True`` keys its compiled calls on them (``jax.jit`` keys static arguments by ``==``, which
-would hand a call with ``1.0`` the program traced for ``1``); ``host=True`` checks with them that
-a plain value a host forward saves does not change from call to call.
+would hand a call with ``1.0`` the program traced for ``1``); ``host=True`` keys its probes on
+them, and a function argument closing over traced values (``_tracers.Closure``) its programs.
 """
 
 from __future__ import annotations
 
 import enum
-import struct
 from typing import Any
 
 import numpy as np
@@ -24,10 +23,8 @@ def value_key(value: Any) -> Any:
     kind = type(value)
     if value is None or kind in (int, bool, str, bytes):
         return kind, value
-    if kind is float:
-        return kind, struct.pack("<d", value)  # every bit: -0.0 and -nan too
-    if kind is complex:
-        return kind, struct.pack("<dd", value.real, value.imag)
+    if kind in (float, complex):
+        return kind, np.asarray(value).tobytes()  # every bit: -0.0 and -nan too
     if isinstance(value, np.generic) and value.dtype.kind in "biufcmM":  # datetimes: the dtype names the unit
         return kind, value.dtype.str, value.tobytes()
     if isinstance(value, np.dtype):
@@ -55,19 +52,17 @@ def static_key(value: Any) -> Any:
     try:
         return value_key(value)
     except Unkeyable:
-        pass
-    try:
-        hash(value)
-    except TypeError:
-        raise Unkeyable from None
-    return type(value), value
+        try:
+            hash(value)
+        except TypeError:
+            raise Unkeyable from None
+        return type(value), value
 
 
 def structure_key(treedef: Any) -> Any:
     """A treedef with the static data of custom pytree nodes keyed strictly (``1`` and ``1.0`` differ)."""
     node_type, _ = treedef.node_data() or (None, None)
-    children = treedef.children()
-    if node_type in (tuple, list, None) and all(child.num_nodes == 1 for child in children):
+    if node_type in (tuple, list, None) and all(child.num_nodes == 1 for child in treedef.children()):
         return treedef  # a tuple or list of leaves: equality is exact
     return treedef, _aux_key(treedef)
 
@@ -88,16 +83,16 @@ def _data_key(data: Any) -> Any:
 
 def split_key(parts: Any, kinds: Any = None) -> Any:
     """The strict key of a ``_split.Split`` (a call's arguments, a closure's call): its structure
-    (``structure_key``), which leaves are arrays (or ``kinds``, finer), and each Python value's
-    ``static_key``; its arrays' shapes and dtypes are not in it. Raises ``Unkeyable(leaf index)``
-    for a Python value with no key, ``TypeError`` for an unhashable structure."""
+    (``structure_key``), which leaves are arrays (or ``kinds``, finer), and the ``static_key`` of
+    each leaf's Python value; its arrays' shapes and dtypes are not in it. Raises
+    ``Unkeyable(leaf index)`` for a Python value with no key, ``TypeError`` for an unhashable
+    structure."""
     statics = []
-    for leaf, (value, array) in enumerate(zip(parts.statics, parts.is_array)):
-        if not array:
-            try:
-                statics.append(static_key(value))
-            except Unkeyable:
-                raise Unkeyable(leaf) from None
+    for leaf, value in enumerate(parts.statics):  # None at an array leaf: told apart by the flags
+        try:
+            statics.append(static_key(value))
+        except Unkeyable:
+            raise Unkeyable(leaf) from None
     structure = structure_key(parts.treedef)
     hash(structure)
     return structure, parts.is_array if kinds is None else kinds, tuple(statics)

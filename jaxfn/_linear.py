@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _rule
 from ._arguments import DIFF, dtype_kind
-from ._jax_private import HI_PRIMITIVE, HI_ZERO, SHAPED_ARRAY, batch_axis, batched_aval, is_gradient_accumulator
+from ._jax_private import HI_PRIMITIVE, HI_ZERO, batch_axis, batched_aval, is_gradient_accumulator
 
 # forward_map(residuals, tangents) -> tangents out; backward_map(residuals, cotangents) -> one
 # cotangent (or None) per tangent; a cotangent of None is a zero one.
@@ -35,10 +35,10 @@ Map = Callable[[tuple[Any, ...], tuple[Any, ...]], Any]
 def tangents(
     name: str, forward_map: Map, backward_map: Map, residuals: tuple[Any, ...], tangents: tuple[Any, ...], out: Any
 ) -> tuple[Any, ...]:
-    """``forward_map(residuals, tangents)``, transposed by ``backward_map``; ``out``: the
-    tangents' shapes and dtypes (one per output tangent)."""
+    """``forward_map(residuals, tangents)``, transposed by ``backward_map``; ``out``: the outputs
+    whose tangents these are (one per output tangent)."""
     # each output's own type (inside jax.shard_map, the mesh axes it varies over too), as a tangent
-    out_avals = tuple((o if isinstance(o, SHAPED_ARRAY) else jax.typeof(o)).to_tangent_aval() for o in out)
+    out_avals = tuple(a.to_tangent_aval() for a in _avals(out))
     linear = _Linear(name, forward_map, backward_map, _avals(residuals), _avals(tangents), out_avals)
     return tuple(linear(tuple(residuals), tuple(tangents)))
 
@@ -77,23 +77,26 @@ class Name:
 
 class Batch:
     """One batch rule of a hijax primitive (this module's, ``_primitive``'s): the values at their
-    batch ``dims`` moved to axis 0 (``axes``: 0, or None for a value not batched), and ``vmap``,
+    batch ``dims`` (a tuple of them, or of tuples of them: a primitive's inputs) moved to axis 0
+    (``axes``, in the same structure: 0, or None for a value not batched), and ``vmap``,
     ``jax.vmap`` over that axis with every output at axis 0. ``spmd``: whether the batch's
     ``spmd_axis_name`` is kept (``_primitive``'s rules keep it, the tangent map does not)."""
 
     def __init__(self, axis_data: Any, dims: Any, spmd: bool = True):
         self.size, name, spmd_name = batch_axis(axis_data)
-        self.dims, self.axes = tuple(dims), tuple(None if d is None else 0 for d in dims)
+        self.dims = tuple(dims)
+        self.axes = jax.tree.map(lambda d: 0, self.dims)  # a None dim is no leaf: kept as None
         self.vmap = functools.partial(
             jax.vmap, out_axes=0, axis_size=self.size, axis_name=name, spmd_axis_name=spmd_name if spmd else None
         )
 
-    def front(self, values: Any) -> tuple[Any, ...]:
-        return tuple(v if d in (None, 0) else jnp.moveaxis(v, d, 0) for v, d in zip(values, self.dims))
+    def front(self, values: Any) -> Any:
+        return jax.tree.map(lambda v, d: v if d in (None, 0) else jnp.moveaxis(v, d, 0), values, self.dims)
 
-    def avals(self, avals: Any, axes: Any = None) -> tuple[Any, ...]:
+    def avals(self, avals: Any, axes: Any = None) -> Any:
         """The avals batched at ``axes`` (every one where None)."""
-        return tuple(a if d is None else batched_aval(a, self.size) for a, d in zip(avals, axes or (0,) * len(avals)))
+        axes = jax.tree.map(lambda a: 0, avals) if axes is None else axes
+        return jax.tree.map(lambda a, d: a if d is None else batched_aval(a, self.size), avals, axes)
 
     def backward(self, backward: Map, res_axes: Any, axes: Any) -> Map:
         """``backward`` (residuals, cotangents -> one cotangent or None per input) under ``vmap``:
@@ -102,12 +105,7 @@ class Batch:
         gives."""
 
         def batched(residuals: Any, cotangents: tuple[Any, ...]) -> list[Any]:
-            present = [i for i, c in enumerate(cotangents) if c is not None]
-
-            def one(residuals: Any, given: list[Any]) -> list[Any]:
-                return list(backward(residuals, tuple(_rule.replaced([None] * len(cotangents), present, given))))
-
-            grads = self.vmap(one, in_axes=(res_axes, 0))(residuals, [cotangents[i] for i in present])
+            grads = self.vmap(backward, in_axes=(res_axes, 0))(residuals, tuple(cotangents))  # a None stays None
             return [g if g is None or a == 0 else g.sum(0) for g, a in zip(grads, axes)]
 
         return batched
@@ -135,26 +133,25 @@ class _Linear(HI_PRIMITIVE):
                 accumulator.accum(grad)
 
     def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
-        (residuals, ts), (d_residuals, d_ts) = primals, tangents
-        out = self(residuals, ts)
+        return self(*primals), self.linearized(primals, *tangents)
+
+    def vjp_fwd(self, perturbed: Any, residuals: Any, ts: Any) -> tuple[Any, Any]:
+        return self(residuals, ts), (tuple(residuals), tuple(ts))
+
+    # jax.linearize of a linearized program: the tangent function runs on the primals kept
+    lin = vjp_fwd
+
+    def linearized(self, primals: Any, d_residuals: Any, d_ts: Any) -> tuple[Any, ...]:
+        if all(isinstance(t, HI_ZERO) for t in (*d_residuals, *d_ts)):  # nothing moves: zero, as JAX expects
+            return tuple(HI_ZERO(a.to_tangent_aval()) for a in self.out_aval)
+        residuals, ts = primals
         out_tangents = self(residuals, instantiate(d_ts, self.in_avals[1]))
         moved = [i for i, d in enumerate(d_residuals) if not isinstance(d, HI_ZERO)]
         if moved:  # the map is not linear in its residuals: their tangents go through its operations
             chosen = (tuple(residuals[i] for i in moved), tuple(d_residuals[i] for i in moved))
             extra = jax.jvp(self._on_residuals(ts, residuals, moved), *chosen)[1]
             out_tangents = tuple(a + b for a, b in zip(out_tangents, extra))
-        return out, out_tangents
-
-    def vjp_fwd(self, perturbed: Any, residuals: Any, ts: Any) -> tuple[Any, Any]:
-        return self(residuals, ts), (tuple(residuals), tuple(ts))
-
-    # jax.linearize of a linearized program: the tangent function is ``jvp``'s, on the primals kept
-    lin = vjp_fwd
-
-    def linearized(self, primals: Any, d_residuals: Any, d_ts: Any) -> tuple[Any, ...]:
-        if all(isinstance(t, HI_ZERO) for t in (*d_residuals, *d_ts)):  # nothing moves: zero, as JAX expects
-            return tuple(HI_ZERO(a.to_tangent_aval()) for a in self.out_aval)
-        return self.jvp(primals, (d_residuals, d_ts))[1]
+        return out_tangents
 
     def _on_residuals(self, ts: Any, residuals: Any, which: list[int]) -> Callable[..., tuple[Any, ...]]:
         """The map as a function of its residuals at ``which``, the tangents and other residuals fixed."""
@@ -174,18 +171,11 @@ class _Linear(HI_PRIMITIVE):
         return instantiate(res_grads, self.in_avals[0]), instantiate(grads, self.in_avals[1])
 
     def batch(self, axis_data: Any, args: Any, dims: Any) -> tuple[Any, Any]:
-        (residuals, ts), (r_dims, t_dims) = args, dims
-        if all(d is None for d in (*r_dims, *t_dims)):  # JAX may ask even when nothing is batched
-            return self(residuals, ts), (None,) * len(self.out_aval)
-        on = Batch(axis_data, (*r_dims, *t_dims), spmd=False)
-        count = len(residuals)
-        r_axes, t_axes = on.axes[:count], on.axes[count:]
-
-        def batched_forward(residuals: Any, ts: Any) -> Any:
-            return on.vmap(self.forward_map, in_axes=(r_axes, t_axes))(tuple(residuals), tuple(ts))
-
-        res_avals, t_avals = on.avals(self.in_avals[0], r_axes), on.avals(self.in_avals[1], t_axes)
-        backward_map = on.backward(self.backward_map, r_axes, t_axes)
-        linear = _Linear(self.name, batched_forward, backward_map, res_avals, t_avals, on.avals(self.out_aval))
-        front = on.front((*residuals, *ts))
-        return linear(front[:count], front[count:]), (0,) * len(self.out_aval)
+        if not jax.tree.leaves(dims):  # JAX may ask even when nothing is batched
+            return self(*args), (None,) * len(self.out_aval)
+        on = Batch(axis_data, dims, spmd=False)  # dims: the residuals', the tangents'
+        forward_map = on.vmap(self.forward_map, in_axes=on.axes)  # called with tuples, as expand does
+        backward_map = on.backward(self.backward_map, *on.axes)
+        res_avals, t_avals = on.avals(self.in_avals, on.axes)
+        linear = _Linear(self.name, forward_map, backward_map, res_avals, t_avals, on.avals(self.out_aval))
+        return linear(*on.front(args)), (0,) * len(self.out_aval)

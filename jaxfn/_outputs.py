@@ -16,7 +16,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.tree_util import keystr, tree_flatten_with_path
 
-from ._arguments import ARRAY, DIFF, dtype_kind
+from ._arguments import DIFF, STATIC, dtype_kind
 from ._errors import AutogradFunctionTypeError, error, type_name
 from ._split import Split, take
 
@@ -74,7 +74,16 @@ def check(function: str, out: Any, non_differentiable: list[Any]) -> tuple[list[
     with_paths, treedef = tree_flatten_with_path(out)
     leaves = [leaf for _, leaf in with_paths]
     marked = check_marked(function, leaves, non_differentiable)
-    is_array = tuple([_is_array(function, path, leaf) for path, leaf in with_paths])
+    for path, leaf in with_paths:
+        if isinstance(leaf, np.ndarray) and dtype_kind(leaf.dtype) == STATIC:
+            where = f"output{keystr(path)}" if path else "its output"
+            raise error(
+                AutogradFunctionTypeError,
+                function,
+                f"forward returned a NumPy array of dtype {leaf.dtype} as {where}, but JAX can only hold numeric "
+                "arrays; return it as a Python list or object, or convert it to numbers",
+            )
+    is_array = tuple([isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves])
     arrays, statics = take(leaves, is_array)
     if not arrays:
         what = f"its output is {type_name(out)}" if not with_paths or with_paths[0][1] is out else "it has none"
@@ -94,45 +103,25 @@ _ONE_LEAF = jax.tree_util.tree_structure(0)  # the structure of an output that i
 
 
 def check_marked(function: str, leaves: list[Any], non_differentiable: list[Any]) -> set[int]:
-    """The ids of the outputs forward marked with ``ctx.mark_non_differentiable``; raises, naming
-    each, where a value marked is not one of forward's output ``leaves``."""
+    """The ids of the outputs forward marked with ``ctx.mark_non_differentiable``; raises where a
+    value marked is not one of forward's output ``leaves``, naming each by its argument position
+    (and the input of forward it is, if one)."""
     marked = {id(x) for x in non_differentiable}
     found = {id(leaf) for leaf in leaves if id(leaf) in marked}
-    if len(found) != len(marked):
-        raise error(AutogradFunctionTypeError, function, _not_returned(non_differentiable, found))
-    return marked
-
-
-def _not_returned(marked: list[Any], found: set[int]) -> str:
-    """The sentence for values given to ``ctx.mark_non_differentiable`` that forward does not
-    return, each by its argument position (and the input of forward it is, if one)."""
-    named = getattr(marked, "named", {})  # _context.Marked: how each was given
-    missing = {id(x): named.get(id(x), f"argument ({type_name(x)})") for x in marked if id(x) not in found}
-    listed = " and ".join(missing.values())
+    if len(found) == len(marked):
+        return marked
+    named = getattr(non_differentiable, "named", {})  # _context.Marked: how each was given
+    missing = {id(x): named.get(id(x), f"argument ({type_name(x)})") for x in non_differentiable if id(x) not in found}
     inputs = any("forward's input" in where for where in missing.values())
-    return (
-        f"ctx.mark_non_differentiable() takes values that forward returns, but its {listed} "
+    raise error(
+        AutogradFunctionTypeError,
+        function,
+        f"ctx.mark_non_differentiable() takes values that forward returns, but its {' and '.join(missing.values())} "
         + ("is" if len(missing) == 1 else "are")
         + " not among forward's outputs"
         + (" (an input is not an output unless forward returns it)" if inputs else "")
-        + "; pass the very arrays you return"
+        + "; pass the very arrays you return",
     )
-
-
-def _is_array(function: str, path: tuple, leaf: Any) -> bool:
-    if isinstance(leaf, jax.Array):
-        return True
-    if isinstance(leaf, np.ndarray):
-        if dtype_kind(leaf.dtype) in (DIFF, ARRAY):
-            return True
-        where = f"output{keystr(path)}" if path else "its output"
-        raise error(
-            AutogradFunctionTypeError,
-            function,
-            f"forward returned a NumPy array of dtype {leaf.dtype} as {where}, but JAX can only hold numeric "
-            "arrays; return it as a Python list or object, or convert it to numbers",
-        )
-    return False
 
 
 def grad_outputs(info: Outputs, cotangents: list[Any], materialize: bool, xp: Any = jnp) -> list[Any]:

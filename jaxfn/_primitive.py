@@ -12,10 +12,11 @@ The rules, each on one call's flat arrays (``_Rules``):
 * ``primal``: forward's outputs (``_rule.primal``);
 * ``fwd``/``bwd``: reverse mode, from the user's backward through ``_rule.reverse``
   (forward's context crosses as residuals, its static part per trace in ``_rule.Traces``);
-* ``jvp``: the user's ``jvp(ctx, *tangents)``, reading what forward saved with
-  ``ctx.save_for_forward``; or, with ``forward_mode=True``, ``_forward_mode``'s derived rule
-  through ``jax.jvp``; or none (forward mode refused in jaxfn's words). Its tangents go through
-  ``_linear``, whose transpose is ``fwd``/``bwd``: where JAX transposes the jvp (``jax.grad``
+* ``jvp``: forward mode as ``_forward_mode`` builds it (``_forward_mode.jvp_rule``, one rule for
+  both forward-mode builders): the user's ``jvp(ctx, *tangents)``, reading what forward saved
+  with ``ctx.save_for_forward``; or, with ``forward_mode=True``, backward transposed; or none
+  (forward mode refused in jaxfn's words where a tangent is computed). Its tangents go through
+  ``_linear``, whose transpose is the user's backward: where JAX transposes the jvp (``jax.grad``
   under ``jax.checkpoint``), reverse mode is still backward;
 * ``vmap``: the user's ``vmap(info, in_dims, *args)``; without one, the batched call is a new
   primitive whose rules are the rules above under ``jax.vmap`` (JAX batches forward, backward
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from . import _context, _forward_mode, _jax_private, _linear, _outputs, _rule, _tie
+from . import _forward_mode, _jax_private, _linear, _outputs, _rule, _tie
 from ._arguments import Arguments
 from ._errors import AutogradFunctionTypeError, ContextAttributeError, error, type_name, unknown_name
 from ._outputs import Described, Outputs
@@ -73,13 +74,13 @@ class _Rules:
     """One call's rules, on flat tuples of arrays (see the module docstring)."""
 
     name: str
-    out_diff: tuple[bool, ...]  # per output: whether it carries a tangent
-    primal: Callable[..., tuple[Any, ...]]
+    primal: Callable[..., tuple[tuple[Any, ...], Described]]  # primal(*arrays) -> (outs, their description)
     fwd: Callable[..., tuple[tuple[Any, ...], Any]]  # fwd(perturbed, *arrays, again=None) -> (outs, residuals)
     bwd: Callable[..., list[Any]]  # bwd(residuals, cts: None where none flows) -> per input: a cotangent or None
-    # jvp(perturbed, primals, tangents, again=None) -> (outs, per out_diff): the user's or derived;
-    # None: no forward mode (JAX refuses it where a tangent is computed, and jax.linearize)
-    jvp: Callable[..., tuple[Any, Any]] | None
+    # jvp(primals, tangents: None where none moves, again=None) -> (outs, Described, per output: a tangent
+    # or None), _forward_mode.jvp_rule's; without forward mode (forward_mode False) its tangents are refused
+    jvp: Callable[..., tuple[Any, Any, Any]]
+    forward_mode: bool  # the user's jvp rule, or derived from backward: JAX refuses jax.linearize otherwise
     vmap: Callable[..., tuple[Any, Any]] | None  # vmap(size, dims, *arrays) -> (outs, out_dims)
 
 
@@ -94,44 +95,28 @@ class _Primitive(_BASE):
         super().__init__()
 
     def expand(self, *arrays: Any) -> tuple[Any, ...]:
-        return tuple(self.rules.primal(*arrays))
+        return self.rules.primal(*arrays)[0]
 
     def vjp_fwd(self, perturbed: Any, *arrays: Any) -> tuple[Any, Any]:
         return self.rules.fwd(tuple(bool(p) for p in perturbed), *arrays, again=self._again_on(arrays))
 
     def vjp_bwd_retval(self, residuals: Any, cotangents: Any) -> tuple[Any, ...]:
         grads = self.rules.bwd(residuals, [None if isinstance(c, _Zero) else c for c in cotangents])
-        return tuple(_linear.zeros(a) if g is None else g for g, a in zip(grads, self.in_avals))
+        return _linear.instantiate(grads, self.in_avals)
 
     def jvp(self, primals: Any, tangents: Any) -> tuple[Any, Any]:
         # the tangents through _linear: where JAX transposes them (jax.grad under jax.checkpoint),
         # the transpose is backward, never the jvp rule's own operations
-        rules, primals = self.rules, tuple(primals)
-        perturbed = tuple(not isinstance(t, _Zero) for t in tangents)
-        which = [i for i, p in enumerate(perturbed) if p]
-        outs = [i for i, d in enumerate(rules.out_diff) if d]
-
-        def forward(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
-            if rules.jvp is None:  # no forward mode: refused where a tangent is computed (reverse mode computes none)
-                raise error(AutogradFunctionTypeError, rules.name, _rule.FORWARD_MODE_HELP)
-            full = _rule.replaced([None] * len(residuals), which, given)
-            # saved outputs the jvp rule reads, as an outer differentiation must see them
-            return list(rules.jvp(perturbed, residuals, full, again=self._again_on(residuals))[1])
-
-        def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
-            cts = _rule.replaced([None] * len(self.out_aval), outs, cotangents)
-            # saved outputs as an outer differentiation must see them
-            grads = rules.bwd(rules.fwd(perturbed, *residuals, again=self._again_on(residuals))[1], cts)
-            return [grads[i] for i in which]
-
-        given = tuple(tangents[i] for i in which)
-        computed = _linear.tangents(rules.name, forward, backward, primals, given, [self.out_aval[i] for i in outs])
-        zeros = [_Zero(a.to_tangent_aval()) for a in self.out_aval]  # where no tangent is computed
-        return tuple(self(*primals)), tuple(_rule.replaced(zeros, outs, computed))
+        given = [None if isinstance(t, _Zero) else t for t in tangents]
+        out, _, computed = self.rules.jvp(tuple(primals), given, again=self._again_on(primals))
+        # a symbolic zero where no tangent is computed
+        return tuple(out), tuple(
+            _Zero(a.to_tangent_aval()) if t is None else t for t, a in zip(computed, self.out_aval)
+        )
 
     def lin(self, perturbed: Any, *primals: Any) -> tuple[Any, Any]:
         # jax.linearize: the tangent function is the jvp rule on the primals, kept as residuals
-        if self.rules.jvp is None:  # refused now, not when the tangent function runs
+        if not self.rules.forward_mode:  # refused now, not when the tangent function runs
             raise error(AutogradFunctionTypeError, self.rules.name, _rule.FORWARD_MODE_HELP)
         return tuple(self(*primals)), tuple(primals)
 
@@ -143,7 +128,7 @@ class _Primitive(_BASE):
         return _linear.instantiate(out, self.out_aval)
 
     def batch(self, axis_data: Any, arrays: Any, dims: Any) -> tuple[Any, Any]:
-        if all(d is None for d in dims):  # JAX may ask even when nothing is batched
+        if not jax.tree.leaves(dims):  # JAX may ask even when nothing is batched
             return self(*arrays), (None,) * len(self.out_aval)
         on = _linear.Batch(axis_data, dims)
         user_rule = self.rules.vmap
@@ -193,21 +178,15 @@ def _batched_rules(unbatched: _Primitive, on: _linear.Batch) -> _Rules:
 
         return on.vmap(one, in_axes=axes)(*arrays)
 
-    def jvp(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
-        which = [i for i, t in enumerate(tangents) if t is not None]
-
-        def one(primals: tuple[Any, ...], given: list[Any]) -> Any:
+    def jvp(primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
+        def one(primals: tuple[Any, ...], tangents: list[Any]) -> Any:  # a tangent is batched as its primal
             inner = None if again is None else unbatched._again_on(primals)  # the call again, batched
-            assert rules.jvp is not None  # batched only where there is one
-            return rules.jvp(perturbed, primals, _rule.replaced(tangents, which, given), again=inner)
+            return rules.jvp(primals, tangents, again=inner)
 
-        return on.vmap(one, in_axes=(axes, [axes[i] for i in which]))(primals, [tangents[i] for i in which])
+        return on.vmap(one, in_axes=(axes, list(axes)))(primals, tangents)
 
     primal = on.vmap(rules.primal, in_axes=axes)
-    jvp_batched = None if rules.jvp is None else jvp
-    return dataclasses.replace(
-        rules, primal=primal, fwd=fwd, bwd=on.backward(rules.bwd, 0, axes), jvp=jvp_batched, vmap=None
-    )
+    return dataclasses.replace(rules, primal=primal, fwd=fwd, bwd=on.backward(rules.bwd, 0, axes), jvp=jvp, vmap=None)
 
 
 def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = False) -> Callable[..., Any]:
@@ -216,16 +195,14 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
     ``forward_mode``: derive the jvp rule from backward where the user gave none. ``args`` is the
     call without its arrays.
     """
+    jvp = _forward_mode.jvp_rule(definition, args, derive=forward_mode)
 
-    def described(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
+    def primal(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
         out, info = _rule.primal(definition, args, arrays)
         return tuple(out), Described(info)
 
-    def primal(*arrays: Any) -> tuple[Any, ...]:
-        return described(*arrays)[0]
-
     def call(*arrays: Any) -> Any:
-        shapes, output = jax.eval_shape(described, *arrays)  # the output's description rides along
+        shapes, output = jax.eval_shape(primal, *arrays)  # the output's description rides along
         info = output.info
         # reverse mode from the user's backward: _reverse_mode's rule
         forward, backward = _rule.reverse(definition, args)
@@ -234,53 +211,15 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
             out, _, residuals = forward(arrays, perturbed, again)
             return tuple(out), residuals
 
-        if definition.jvp is not None:
-            jvp = _user_jvp(definition, args)
-        else:  # without forward_mode, none: refused where a tangent is computed (reverse mode never computes one)
-            jvp = _through_jvp(_forward_mode.build(definition, args), info) if forward_mode else None
-        vmap = _user_vmap(definition, args, info) if definition.vmap is not None else None
+        vmap = _user_vmap(definition, args, info)
         bwd = lambda residuals, cotangents: backward(residuals, cotangents)[0]
-        rules = _Rules(definition.name, tuple(info.differentiable), primal, fwd, bwd, jvp, vmap)
+        has_forward_mode = forward_mode or definition.jvp is not None
+        rules = _Rules(definition.name, primal, fwd, bwd, jvp, has_forward_mode, vmap)
         in_avals = tuple(jax.typeof(a) for a in arrays)
         out_avals = tuple(map(_jax_private.aval_of, shapes))  # inside shard_map: varying as forward's outputs
         return info.rebuild(_Primitive(rules, in_avals, out_avals)(*arrays))
 
     return call
-
-
-def _user_jvp(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
-    """The user's ``jvp(ctx, *tangents)``: forward runs with a fresh context, then jvp reads what
-    it saved with ``ctx.save_for_forward`` and the attributes it set."""
-
-    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
-        ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
-        view = _context.for_jvp(ctx)
-        if again is not None:  # saved outputs as an outer differentiation must see them: the call again
-            arrays, remainder = view.to_residuals()
-            out, (arrays,) = _rule.outputs_again(again, out, arrays)
-            view = _context.Context.from_residuals(arrays, remainder)
-        return tuple(out), _forward_mode.run_jvp(definition, args, view, primals, tangents, info, ctx.materialize_grads)
-
-    return rule
-
-
-def _through_jvp(derived: Callable[..., Any], info: Outputs) -> Callable[..., Any]:
-    """Without a user jvp, with ``forward_mode=True``: ``jax.jvp`` through the call
-    ``_forward_mode`` makes (``derived``), whose tangents are backward transposed."""
-
-    def rule(perturbed: tuple[bool, ...], primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
-        # (again: not needed, _forward_mode's rule ties its own outputs and saved outputs)
-        which = [i for i, p in enumerate(perturbed) if p]
-
-        def arrays_out(*arrays: Any) -> tuple[Any, ...]:
-            leaves = info.treedef.flatten_up_to(derived(*arrays))  # a None in the output is no leaf
-            return tuple(leaf for leaf, is_array in zip(leaves, info.is_array) if is_array)
-
-        on = _rule.of_chosen(arrays_out, primals, which)
-        out, out_tangents = jax.jvp(on, tuple(primals[i] for i in which), tuple(tangents[i] for i in which))
-        return out, [t for t, d in zip(out_tangents, info.differentiable) if d]
-
-    return rule
 
 
 def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> Callable[..., Any]:
@@ -289,12 +228,14 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
     outputs and ``out_dims`` (one per output, or one int for all)."""
     name = definition.name
     vmap = definition.vmap
-    assert vmap is not None
+    assert vmap is not None  # this builder's functions have one
+    names = ", ".join(args.slot_name(slot) for slot in args.slots)  # what it must take, for call_user's message
+    takes = f"info, in_dims and one value per argument of forward, as in PyTorch: vmap(info, in_dims, {names})"
 
     def rule(size: int, dims: tuple[Any, ...], *arrays: Any) -> tuple[Any, Any]:
         in_dims = tuple(args.by_slot(args.parameters(dims)))  # per slot: a dim or None per array leaf, None elsewhere
         handed = (VmapInfo(size, function=name), in_dims, *args.by_slot(args.values(arrays)))
-        returned = _rule.call_user(name, "vmap", vmap, handed, _vmap_takes(args))
+        returned = _rule.call_user(name, "vmap", vmap, handed, takes)
         if not isinstance(returned, tuple) or len(returned) != 2:
             raise error(
                 AutogradFunctionTypeError,
@@ -329,13 +270,12 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
             dim = None if dim is None else int(dim)
             aval = info.avals[len(arrays_out)]
             shape = tuple(jnp.shape(leaf)) if leaf is not None else None
-            if dim is not None and shape is not None:
-                ok = -len(shape) <= dim < len(shape)  # an axis of the output (not wrapped around)
-                if ok:
-                    dim = dim % len(shape)
-                    ok = shape[dim] == size and shape[:dim] + shape[dim + 1 :] == tuple(aval.shape)
+            # dim: an axis of the output (not wrapped around)
+            if dim is not None and shape is not None and -len(shape) <= dim < len(shape):
+                dim = dim % len(shape)
+                ok = shape[dim] == size and shape[:dim] + shape[dim + 1 :] == tuple(aval.shape)
             else:
-                ok = shape == tuple(aval.shape)
+                ok = dim is None and shape == tuple(aval.shape)
             if not ok:
                 raise error(
                     AutogradFunctionTypeError,
@@ -351,9 +291,3 @@ def _user_vmap(definition: _rule.Definition, args: Arguments, info: Outputs) -> 
         return tuple(arrays_out), tuple(dims_out)
 
     return rule
-
-
-def _vmap_takes(args: Arguments) -> str:
-    """What a user's vmap rule must take, for ``_rule.call_user``'s message."""
-    names = ", ".join(args.slot_name(slot) for slot in args.slots)
-    return f"info, in_dims and one value per argument of forward, as in PyTorch: vmap(info, in_dims, {names})"

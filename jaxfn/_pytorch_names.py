@@ -17,7 +17,6 @@ import linecache
 import operator
 import os
 import re
-import traceback
 from collections import ChainMap
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,29 +34,27 @@ from ._errors import (
     AutogradFunctionTypeError,
     AutogradFunctionValueError,
     compaction_help,
-    concretized,
     error,
     tracer_error_help,
 )
 
 
-def _read_methods(name: str) -> dict[str, tuple[str, str | None]]:
+def _read_methods(name: str) -> dict[str, tuple[str, str]]:
     """The table in the file ``name`` beside this module: per line a PyTorch tensor method (or
-    attribute), its JAX spelling and its NumPy spelling (none where that field is empty), separated
-    by tabs; a line starting with # is a comment."""
+    attribute), its JAX spelling and its NumPy spelling (the JAX one with np. for jnp. where that
+    field is empty): three fields separated by tabs; a line starting with # is a comment."""
     methods = {}
     for line in Path(__file__).with_name(name).read_text(encoding="utf-8").splitlines():
         if line and not line.startswith("#"):
-            method, _, spellings = line.partition("\t")
-            jax_spelling, _, numpy_spelling = spellings.partition("\t")
-            methods[method] = (jax_spelling, numpy_spelling or None)
+            method, jax_spelling, numpy_spelling = line.split("\t")
+            methods[method] = (jax_spelling, numpy_spelling or jax_spelling.replace("jnp.", "np."))
     return methods
 
 
-# PyTorch's tensor method (or attribute) -> its JAX spelling, and its NumPy spelling where that is not
-# the JAX one with np. for jnp. (host code, host=True, gets NumPy arrays). An in-place method
-# (mul_, clamp_) is spelled from its out-of-place one. The table is data: _pytorch_methods.tsv.
-METHODS: dict[str, tuple[str, str | None]] = _read_methods("_pytorch_methods.tsv")
+# PyTorch's tensor method (or attribute) -> its JAX spelling, and its NumPy spelling (host code,
+# host=True, gets NumPy arrays). An in-place method (mul_, clamp_) is spelled from its out-of-place
+# one. The table is data: _pytorch_methods.tsv.
+METHODS: dict[str, tuple[str, str]] = _read_methods("_pytorch_methods.tsv")
 
 # PyTorch's keyword -> JAX's (and NumPy's) for the same argument.
 KEYWORDS = {"dim": "axis", "dims": "axis", "keepdim": "keepdims", "unbiased": "ddof"}
@@ -75,6 +72,8 @@ _NUMPY_ARRAY = "a NumPy array (host code gets NumPy arrays)"
 _AT = "x = x.at[i].set(v)"
 _UNEXPECTED_KEYWORD = re.compile(r"([\w.]+)\(\) got an unexpected keyword argument '(\w+)'")
 
+Parameters = tuple[Sequence[str], Sequence[Any]]  # forward's parameter names, and the values it was called with
+
 
 def call(
     function: str,
@@ -82,7 +81,7 @@ def call(
     user: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any] | None = None,
-    parameters: tuple[Sequence[str], Sequence[Any]] | None = None,
+    parameters: Parameters = ((), ()),
 ) -> Any:
     """``user(*args, **kwargs)``, the user's ``role`` ('forward', 'backward', 'jvp', 'vmap',
     'setup_context') of the jaxfn function ``function``; where it raises a PyTorch habit (or a
@@ -91,39 +90,33 @@ def call(
     try:
         return user(*args, **kwargs) if kwargs else user(*args)
     except Exception as err:  # noqa: BLE001 - the user's own, passed through unless it is a habit
-        said = translate(function, role, err, parameters)
+        said = translate(role, err, parameters)
         if said is None:
             raise
-        kind, sentence, cause = said
-        raise error(kind, function, sentence) from cause
+        raise error(said[0], function, said[1]) from err
 
 
-Said = tuple[type[AutogradFunctionError], str, BaseException]  # the error's kind, its sentence, its cause
-
-
-def translate(
-    function: str, role: str, err: BaseException, parameters: tuple[Sequence[str], Sequence[Any]] | None = None
-) -> Said | None:
-    """What jaxfn says of ``err``, raised in the user's ``role`` of ``function``: the error's kind,
-    its sentence and the exception it is chained from; None where ``err`` is none of the habits
-    this module knows (then it propagates as it is)."""
+def translate(role: str, err: BaseException, parameters: Parameters) -> tuple[type[AutogradFunctionError], str] | None:
+    """What jaxfn says of ``err``, raised in the user's ``role``: the error's kind and its sentence
+    (``call`` chains it from ``err``); None where ``err`` is none of the habits this module knows
+    (then it propagates as it is)."""
     if isinstance(err, AutogradFunctionError):  # said already (a nested function's, a rule's)
         return None
+    # the kind of the user's error: `except ValueError` still catches a ValueError's (no tracer error is one)
+    kind = AutogradFunctionValueError if isinstance(err, ValueError) else AutogradFunctionTypeError
     if isinstance(err, TRACER_ERRORS):  # under a trace (an eager call's are the user's own, unchanged)
-        if _jax_private.outside_traces(()):
-            return None
-        said = _compaction(role, err) or _with_parameter(role, err, parameters)
-        return said or (AutogradFunctionTypeError, tracer_error_help(role, err) or str(err), err)
-    if isinstance(err, AttributeError):
+        sentence = None if _jax_private.outside_traces(()) else _tracer_help(role, err, parameters)
+    elif isinstance(err, AttributeError):
+        kind = ArrayAttributeError
         installed = _raised_in_installed_code(err)  # a library the user calls made the call: not theirs to respell
         sentence = None if installed else _method_help(role, getattr(err, "name", None), getattr(err, "obj", None))
-        return None if sentence is None else (ArrayAttributeError, sentence, err)
-    if isinstance(err, (TypeError, ValueError, NotImplementedError)):
-        sentence = _keyword_help(role, err) if isinstance(err, TypeError) else None
-        sentence = sentence or _call_help(role, err)
-        kind = AutogradFunctionValueError if isinstance(err, ValueError) else AutogradFunctionTypeError
-        return None if sentence is None else (kind, sentence, err)  # `except ValueError` still catches it
-    return None
+    elif isinstance(err, (TypeError, ValueError, NotImplementedError)):
+        found = _failing_call(err)
+        sentence = _keyword_help(role, err, found) if isinstance(err, TypeError) else None
+        sentence = sentence or _call_help(role, err, found)
+    else:
+        return None
+    return None if sentence is None else (kind, sentence)
 
 
 def _raised_in_installed_code(err: BaseException) -> bool:
@@ -145,30 +138,19 @@ def _user_trace(err: BaseException) -> TracebackType | None:
     return user
 
 
-def _compaction(role: str, err: BaseException) -> Said | None:
-    """The fixed-size message for a compaction (``jnp.nonzero(mask)``, ``jnp.unique(x)``...) JAX
-    refused under a trace; None for any other error."""
+def _tracer_help(role: str, err: BaseException, parameters: Parameters) -> str:
+    """The sentence for a tracer error under a trace (``translate`` checks): the fixed size for a
+    compaction (``jnp.nonzero(mask)``, ``jnp.unique(x)``...); else the one naming forward's
+    argument whose value JAX was asked for, where it is known (a traced scalar, the very value
+    forward got); else the general one."""
     found = _jax_private.sized_by_values(err)
-    return None if found is None else (AutogradFunctionTypeError, compaction_help(role, *found), err)
-
-
-def _with_parameter(
-    role: str, err: BaseException, parameters: tuple[Sequence[str], Sequence[Any]] | None
-) -> Said | None:
-    """The tracer message naming forward's argument whose value JAX was asked for, where it is
-    known (a traced scalar, the very value forward got); None where it is not. Called under a trace
-    only (``translate`` checks)."""
-    if parameters is None:
-        return None
-    tracer = concretized(err)
-    if tracer is None or getattr(tracer, "shape", None) != ():
-        return None
-    names, values = parameters
-    named = [name for name, value in zip(names, values) if value is tracer]
-    if len(named) != 1:
-        return None
-    sentence = tracer_error_help(role, err, (named[0], tracer), _jax_private.traced_by(tracer))
-    return None if sentence is None else (AutogradFunctionTypeError, sentence, err)
+    if found is not None:
+        return compaction_help(role, *found)
+    tracer = _jax_private.concretized(err)
+    named = [name for name, value in zip(*parameters) if value is tracer]
+    if len(named) == 1 and getattr(tracer, "shape", None) == ():  # one of forward's arguments, a traced scalar
+        return tracer_error_help(role, err, (named[0], tracer), _jax_private.traced_by(tracer))
+    return tracer_error_help(role, err)
 
 
 def _method_help(role: str, name: str | None, obj: Any) -> str | None:
@@ -182,50 +164,47 @@ def _method_help(role: str, name: str | None, obj: Any) -> str | None:
     jax_spelling, numpy_spelling = METHODS[name[:-1] if in_place else name]
     jax_array = isinstance(obj, jax.Array)
     what = "a JAX array" if jax_array else _NUMPY_ARRAY
-    spelling = jax_spelling if jax_array else numpy_spelling or jax_spelling.replace("jnp.", "np.")
+    spelling = jax_spelling if jax_array else numpy_spelling
     if isinstance(obj, memoryview):
         what = "a memoryview (what .data gives on a NumPy array: its raw memory, not PyTorch's tensor data)"
         spelling = f"{spelling}, without .data (the NumPy array itself is its data)"
     method = "a PyTorch tensor method" if not in_place else "PyTorch's in-place tensor method"
+    fix = f"write {spelling}"
     if in_place and jax_array:
         fix = f"JAX arrays are immutable: write x = {spelling} and return the new array ({_AT} for a write at i)"
     elif in_place:
         fix = f"NumPy writes in place by assignment: x[...] = {spelling} (or an operator in place, x *= y)"
-    else:
-        fix = f"write {spelling}"
     return f"{role} used .{name}, {method}, on {what}, which has no .{name}; {fix}"
 
 
-def _keyword_help(role: str, err: TypeError) -> str | None:
+def _keyword_help(role: str, err: TypeError, failing: tuple[ast.Call, Any] | None) -> str | None:
     """The sentence for PyTorch's ``dim=``/``keepdim=`` given to a JAX or NumPy function (the
-    failing call's function, found in the user's frame; a function of the user's own is theirs)."""
+    ``failing`` call's function, found in the user's frame; a function of the user's own is theirs)."""
     found = _UNEXPECTED_KEYWORD.search(str(err))
-    if found is None or found.group(2) not in KEYWORDS:
+    if found is None or found.group(2) not in KEYWORDS or failing is None:
         return None
-    called, keyword = found.group(1), found.group(2)
+    called, keyword = found.groups()
     short = called.rsplit(".", 1)[-1].lstrip("_")
-    failing = _failing_call(err)
-    if not _calls_library(failing):
-        return None  # not a JAX or NumPy function: the user's own, whose keyword is theirs
-    spelled = _spelled(keyword, failing)
+    function = _value(failing[0].func, failing[1])
+    # None for a function that is not JAX's or NumPy's (the user's own, whose keyword is theirs), and
+    # for one that takes none of JAX's axis keywords: no spelling to give
+    spelled = _spelled(keyword, function) if _calls_library(failing[0].func, function) else None
     if spelled is None:
-        return None  # the function takes none of JAX's axis keywords: no spelling to give
-    values = (
-        f" (x.{short}(axis=d) gives the values; x.arg{short}(axis=d) the indices, which PyTorch's {short}(dim) "
-        "returns too)"
-        if short in ("max", "min") and keyword == "dim"
-        else ""
-    )
-    if keyword == "unbiased":
-        values = " (unbiased=True is ddof=1, unbiased=False ddof=0)"
+        return None
+    values = " (unbiased=True is ddof=1, unbiased=False ddof=0)" if keyword == "unbiased" else ""
+    if short in ("max", "min") and keyword == "dim":
+        values = (
+            f" (x.{short}(axis=d) gives the values; x.arg{short}(axis=d) the indices, which PyTorch's {short}(dim) "
+            "returns too)"
+        )
     return (
         f"{role} passed PyTorch's keyword {keyword}= to {short}(), which JAX and NumPy call {spelled}=; write "
         f"{short}(..., {spelled}=...){values}"
     )
 
 
-def _call_help(role: str, err: BaseException) -> str | None:
-    """The sentence for the failing call of the user's code where it is a PyTorch method on an
+def _call_help(role: str, err: BaseException, found: tuple[ast.Call, Any] | None) -> str | None:
+    """The sentence for the ``found`` failing call of the user's code where it is a PyTorch method on an
     array whose JAX and NumPy namesake differs (``x.size()``: an int; ``x.view(-1)``,
     ``x.transpose(0, 1)``, ``x.flatten(1)``), or arithmetic on the memoryview NumPy's ``.data``
     gives."""
@@ -235,14 +214,15 @@ def _call_help(role: str, err: BaseException) -> str | None:
             f"{role} computed with a memoryview ({message}), which is what .data gives on a NumPy array (its raw "
             "memory, not PyTorch's tensor data); drop .data: the array itself is its data"
         )
-    found = _failing_call(err)
     if found is None or not isinstance(func := found[0].func, ast.Attribute):
         return None
     node, frame = found
     array = _value(func.value, frame)
-    if array is _UNKNOWN:  # an array computed in place (x[None].view(-1)): JAX's, where JAX's method raised
-        array = _JAX_METHOD if _raised_in_jax_method(err, func.attr) else None
-    if not isinstance(array, (jax.Array, np.ndarray)) and array is not _JAX_METHOD:
+    # an array computed in place (x[None].view(-1)) is JAX's where JAX's method raised
+    jax_array = isinstance(array, jax.Array) or (
+        array is _UNKNOWN and _jax_private.raised_in_array_method(err, func.attr)
+    )
+    if not jax_array and not isinstance(array, np.ndarray):
         return None
     if func.attr == "size" and message == "'int' object is not callable":
         return (
@@ -253,7 +233,6 @@ def _call_help(role: str, err: BaseException) -> str | None:
     if spelled is None:
         return None
     torch_meaning, array_meaning = _SAME_NAME[func.attr]
-    jax_array = isinstance(array, jax.Array) or array is _JAX_METHOD
     what = "a JAX array" if jax_array else _NUMPY_ARRAY
     spelled = spelled if jax_array else spelled.replace("jnp.", "np.")
     return (
@@ -266,10 +245,10 @@ def _same_name_spelling(name: str, array_source: str, node: ast.Call, frame: Any
     """How JAX spells PyTorch's ``x.view(...)``, ``x.transpose(d0, d1)`` or ``x.flatten(d)`` as
     called (``array_source`` the array's expression); None where the call is the array method's
     own use (a dtype view, a permutation, an order)."""
-    if name not in _SAME_NAME or node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+    if name not in _SAME_NAME or node.keywords:
         return None
     args = [_value(a, frame) for a in node.args]
-    if any(a is _UNKNOWN for a in args):
+    if any(a is _UNKNOWN for a in args):  # a name not read, an expression (*shape)
         return None
     ints = all(_is_int(a) for a in args)
     if name == "view":
@@ -288,18 +267,6 @@ def _same_name_spelling(name: str, array_source: str, node: ast.Call, frame: Any
     return None
 
 
-_JAX_METHOD = object()  # the array of a failing call: a JAX array whose value is not read
-
-
-def _raised_in_jax_method(err: BaseException, name: str) -> bool:
-    """Whether ``err`` was raised inside JAX's array method ``name`` (a frame of JAX's code named
-    ``name`` or ``_name``, as jax 0.10-0.12 spell Array's methods)."""
-    return any(
-        frame.f_code.co_filename.startswith(_LIBRARY_DIRS[0]) and frame.f_code.co_name.lstrip("_") == name
-        for frame, _ in traceback.walk_tb(err.__traceback__)
-    )
-
-
 _UNKNOWN = object()  # an expression of the failing call whose value is not read
 # The integer arithmetic _value reads (a shape's x.shape[0] * x.shape[1], n // 2).
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
@@ -315,18 +282,15 @@ def _failing_call(err: BaseException) -> tuple[ast.Call, Any] | None:
     code = user.tb_frame.f_code
     try:
         line, end_line, column, end_column = list(code.co_positions())[user.tb_lasti // 2]
-    except (AttributeError, IndexError, ValueError):
-        return None
-    if line is None or end_line is None or column is None or end_column is None:
-        return None
-    lines = [linecache.getline(code.co_filename, n).encode() for n in range(line, end_line + 1)]
-    if not lines or not lines[0]:
-        return None
-    lines[-1] = lines[-1][:end_column]
-    lines[0] = lines[0][column:]
-    try:
+        if line is None or end_line is None or column is None or end_column is None:
+            return None
+        lines = [linecache.getline(code.co_filename, n).encode() for n in range(line, end_line + 1)]
+        if not lines[0]:  # no source
+            return None
+        lines[-1] = lines[-1][:end_column]
+        lines[0] = lines[0][column:]
         node = ast.parse("(" + b"".join(lines).decode() + ")", mode="eval").body
-    except (SyntaxError, UnicodeDecodeError, ValueError):
+    except (AttributeError, IndexError, SyntaxError, UnicodeDecodeError, ValueError):
         return None
     return (node, user.tb_frame) if isinstance(node, ast.Call) else None
 
@@ -366,34 +330,30 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _spelled(keyword: str, found: tuple[ast.Call, Any] | None) -> str | None:
-    """JAX's or NumPy's name for PyTorch's ``keyword`` in the function the failing call calls: the
-    one of ``axis``, ``axes``, ``dimension`` its signature has (``jnp.tensordot``: ``axes``); the
-    table's (``axis``) where the function can't be read (a method of an array computed in place);
-    None where it has none of them."""
-    if keyword not in ("dim", "dims") or found is None:
+def _spelled(keyword: str, function: Any) -> str | None:
+    """JAX's or NumPy's name for PyTorch's ``keyword`` in ``function``, the one the failing call
+    calls: the one of ``axis``, ``axes``, ``dimension`` its signature has (``jnp.tensordot``:
+    ``axes``); the table's (``axis``) where the function can't be read (_UNKNOWN: a method of an
+    array computed in place); None where it has none of them."""
+    if keyword not in ("dim", "dims"):
         return KEYWORDS[keyword]
-    function = _value(found[0].func, found[1])
     try:
-        parameters = inspect.signature(function).parameters if function is not _UNKNOWN else None
-    except (TypeError, ValueError):  # a builtin without a signature (a ufunc, an ndarray method)
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin without a signature (a ufunc, an ndarray method), or _UNKNOWN
         parameters = None
     if parameters is None or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         return KEYWORDS[keyword]  # no signature to read (a tracer's method takes **kwargs)
     return next((name for name in ("axis", "axes", "dimension") if name in parameters), None)
 
 
-def _calls_library(found: tuple[ast.Call, Any] | None) -> bool:
+def _calls_library(called: ast.expr, function: Any) -> bool:
     """Whether the failing call calls a function of JAX's or NumPy's own (``jnp.sum``,
-    ``jnp.linalg.norm``, an array's method): its function read from the user's frame, its module
-    JAX's or NumPy's. A method of an array computed in place (``(x > 0).sum(dim=1)``) counts where
-    arrays have that method; anything else (the user's own function) does not."""
-    if found is None:
-        return False
-    node, frame = found
-    function = _value(node.func, frame)
+    ``jnp.linalg.norm``, an array's method): ``function``, the value of its expression ``called``
+    read from the user's frame, has JAX's or NumPy's module. A method of an array computed in place
+    (``(x > 0).sum(dim=1)``, its function _UNKNOWN) counts where arrays have that method; anything
+    else (the user's own function) does not."""
     if function is _UNKNOWN:
-        return isinstance(node.func, ast.Attribute) and any(hasattr(t, node.func.attr) for t in (jax.Array, np.ndarray))
+        return isinstance(called, ast.Attribute) and any(hasattr(t, called.attr) for t in (jax.Array, np.ndarray))
     owner = getattr(function, "__func__", function)
     module = getattr(owner, "__module__", None)
     if not isinstance(module, str):  # a NumPy array's bound builtin method, a ufunc

@@ -35,13 +35,11 @@ class Definition:
     forward: Callable[..., Any]
     backward: Callable[..., Any]
     signature: inspect.Signature
-    backward_signature: inspect.Signature | None
     positional: tuple[str, ...] | None  # forward's parameter names when all are plain positional
     varargs: str | None  # forward's *args parameter
     once_differentiable: bool  # backward may not be differentiated again
     jvp: Callable[..., Any] | None = None  # the user's jvp(ctx, *tangents), if any
     vmap: Callable[..., Any] | None = None  # the user's vmap(info, in_dims, *args), if any
-    accepts: set[int] = dataclasses.field(default_factory=set)  # grad_output counts backward's signature takes
     keyword_only: tuple[str, ...] = ()  # forward's keyword-only parameters
     closed_names: tuple[str, ...] = ()  # what forward and backward close over: needs_input_grad says False
 
@@ -58,27 +56,18 @@ class Definition:
         check_definition(name, "backward", backward)
         if jvp is not None:
             check_definition(name, "jvp", jvp)
-        if vmap is not None and not callable(vmap):
-            raise error(
-                AutogradFunctionTypeError,
-                name,
-                f"vmap must be a function vmap(info, in_dims, *args), but got {type_name(vmap)}",
-            )
+        if vmap is not None:
+            _check_callable(name, "vmap", vmap, " vmap(info, in_dims, *args)")
         if setup_context is None:
             check_definition(name, "forward", forward)
         else:
             forward = _with_setup_context(name, forward, setup_context)
         signature = inspect.signature(forward)
-        try:
-            backward_signature = inspect.signature(backward)
-        except (TypeError, ValueError):  # a builtin without a signature: trust the caller
-            backward_signature = None
         return cls(
             name,
             forward,
             backward,
             signature,
-            backward_signature,
             _arguments.positional_names(signature),
             _arguments.varargs_name(signature),
             bool(getattr(backward, ONCE_DIFFERENTIABLE, False)),
@@ -281,8 +270,8 @@ def forward_with_context(
     non-differentiable."""
     by_name, by_position = args.needs_input_grad(perturbed)
     flags = tuple(map(bool, perturbed))
-    if definition.closed_names:  # a closed-over value not made a parameter in this call: not differentiated
-        by_name = {**dict.fromkeys(definition.closed_names, False), **by_name}
+    # a closed-over value not made a parameter in this call: not differentiated
+    by_name = {**dict.fromkeys(definition.closed_names, False), **by_name}
     ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position, perturbed=flags)
     values = args.values(arrays)
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
@@ -336,13 +325,16 @@ def run_backward(
     over (``varying_per_array``); ``xp``: ``numpy`` where a host backward runs (host code sees
     NumPy arrays only)."""
     grad_outputs = _outputs.grad_outputs(info, cotangents, ctx.materialize_grads, xp)
-    check_backward_accepts(definition, ctx, grad_outputs)
     if _anomaly.enabled():  # a NaN arriving from downstream is not backward's
         _anomaly.grad_outputs(definition.name, grad_outputs)
     if definition.once_differentiable and xp is jnp:  # on the host, nothing differentiates backward
-        returned = _call_once_differentiable(definition, ctx, grad_outputs)
-    else:
-        returned = _pytorch_names.call(definition.name, "backward", definition.backward, (ctx, *grad_outputs))
+        # what backward reads (the context's arrays, the grad_outputs) passed through ``nondifferentiable``:
+        # any differentiation of backward reaches the refusal, naming the function
+        saved, remainder = ctx.to_residuals()
+        saved, grad_outputs = nondifferentiable(definition.name, _DIFFERENTIATED_AGAIN, (saved, grad_outputs))
+        ctx = Context.from_residuals(saved, remainder)
+    takes = f"ctx and {len(grad_outputs)} grad_output argument(s), one per output of forward"
+    returned = call_user(definition.name, "backward", definition.backward, (ctx, *grad_outputs), takes, "accept")
     if isinstance(returned, dict) and definition.closed_names:  # a closed-over value not differentiated here
         returned = {k: v for k, v in returned.items() if k in args.names or k not in definition.closed_names}
     grads = _gradients.by_parameter(
@@ -403,18 +395,6 @@ _DIFFERENTIATED_AGAIN = (
 )
 
 
-def _call_once_differentiable(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> Any:
-    """Backward on what it reads (the context's arrays and the grad_outputs) passed through
-    ``nondifferentiable``: any differentiation of backward reaches the refusal, naming the function."""
-    saved, remainder = ctx.to_residuals()
-    leaves, treedef = jax.tree_util.tree_flatten(grad_outputs)
-    saved, leaves = nondifferentiable(definition.name, _DIFFERENTIATED_AGAIN, (saved, leaves))
-    again = Context.from_residuals(saved, remainder)
-    return _pytorch_names.call(
-        definition.name, "backward", definition.backward, (again, *jax.tree_util.tree_unflatten(treedef, leaves))
-    )
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def nondifferentiable(name: str, sentence: str, values: Any) -> Any:
     """``values`` (a pytree of arrays), unchanged; differentiating through them raises jaxfn's
@@ -426,13 +406,10 @@ def nondifferentiable(name: str, sentence: str, values: Any) -> Any:
 
 def _refuse_tangents(name: str, sentence: str, primals: Any, tangents: Any) -> Any:
     (values,), (given,) = primals, tangents
-    if any(not isinstance(t, SymbolicZero) for t in jax.tree_util.tree_leaves(given, is_leaf=_is_zero)):
+    is_zero = lambda t: isinstance(t, SymbolicZero)
+    if not all(map(is_zero, jax.tree_util.tree_leaves(given, is_leaf=is_zero))):
         raise error(AutogradFunctionTypeError, name, sentence)
     return values, given
-
-
-def _is_zero(value: Any) -> bool:
-    return isinstance(value, SymbolicZero)
 
 
 nondifferentiable.defjvp(_refuse_tangents, symbolic_zeros=True)
@@ -444,12 +421,10 @@ _SETUP_TAKES = "(ctx, inputs, output), as in PyTorch: the context, the tuple of 
 def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: Callable[..., Any]) -> Any:
     """PyTorch 2's form, ``forward(*args)`` plus ``setup_context(ctx, inputs, output)``, as one
     ``forward(ctx, *args)``: forward runs, then setup_context saves what backward needs."""
-    for role, function in (("forward", forward), ("setup_context", setup_context)):
-        if not callable(function):
-            raise error(AutogradFunctionTypeError, name, f"{role} must be a function, but got {type_name(function)}")
+    _check_callable(name, "forward", forward)
+    _check_callable(name, "setup_context", setup_context)
     signature = inspect.signature(forward)
-    first = next(iter(signature.parameters), None)
-    if first == "ctx":
+    if next(iter(signature.parameters), None) == "ctx":
         raise error(
             AutogradFunctionTypeError,
             name,
@@ -463,18 +438,19 @@ def _with_setup_context(name: str, forward: Callable[..., Any], setup_context: C
         call_user(name, "setup_context", setup_context, (ctx, (*args, *kwargs.values()), output), _SETUP_TAKES)
         return output
 
-    context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)
-    forward_with_context.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[context, *signature.parameters.values()]
-    )
+    parameters = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()]
+    forward_with_context.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     forward_with_context.__name__ = getattr(forward, "__name__", "forward")
     return forward_with_context
 
 
-def call_user(name: str, role: str, function: Callable[..., Any], arguments: tuple[Any, ...], takes: str) -> Any:
-    """``function(*arguments)``, a user's rule (jvp, vmap, setup_context); where its signature can't
-    take them, the error names the rule and what it must take (``takes``), not Python's words
-    about a lambda. Nothing is checked before the call: the common call costs nothing more."""
+def call_user(
+    name: str, role: str, function: Callable[..., Any], arguments: tuple[Any, ...], takes: str, must: str = "take"
+) -> Any:
+    """``function(*arguments)``, a user's function (backward, jvp, vmap, setup_context); where its
+    signature can't take them, the error names it and what it must take (``must``: the verb,
+    ``takes``: what), not Python's words about a lambda. Nothing is checked before the call: the
+    common call costs nothing more."""
     try:
         return _pytorch_names.call(name, role, function, arguments)
     except TypeError:
@@ -482,7 +458,7 @@ def call_user(name: str, role: str, function: Callable[..., Any], arguments: tup
         if signature is None:  # the rule's own TypeError, or no signature to read (a builtin)
             raise
         raise error(
-            AutogradFunctionTypeError, name, f"{role} must take {takes}, but its signature is {signature}"
+            AutogradFunctionTypeError, name, f"{role} must {must} {takes}, but its signature is {signature}"
         ) from None
 
 
@@ -505,30 +481,9 @@ def jvp_takes(args: Arguments) -> str:
     return f"ctx and one tangent per argument of forward, as in PyTorch: jvp(ctx, {slots})"
 
 
-def check_backward_accepts(definition: Definition, ctx: Context, grad_outputs: list[Any]) -> None:
-    """Backward must take ctx and one grad_output per output (a question of their count alone)."""
-    if definition.backward_signature is None or len(grad_outputs) in definition.accepts:
-        return
-    try:
-        definition.backward_signature.bind(ctx, *grad_outputs)
-        definition.accepts.add(len(grad_outputs))
-    except TypeError:
-        raise error(
-            AutogradFunctionTypeError,
-            definition.name,
-            f"backward must accept ctx and {len(grad_outputs)} grad_output argument(s), one per output of "
-            f"forward, but its signature is {definition.backward_signature}",
-        ) from None
-
-
 def check_definition(name: str, role: str, function: Any) -> None:
     """A forward or backward must be callable and take the context first."""
-    if not callable(function):
-        raise error(
-            AutogradFunctionTypeError,
-            name,
-            f"{role} must be a function taking ctx first, but got {type_name(function)}",
-        )
+    _check_callable(name, role, function, " taking ctx first")
     try:
         has_ctx = _arguments.context_parameter(function) is not None
         first_two = tuple(inspect.signature(function).parameters)[:2]
@@ -551,3 +506,9 @@ def check_definition(name: str, role: str, function: Any) -> None:
             f"{role} must take the context as its first parameter, as in {role}(ctx, ...), but its signature is "
             f"{inspect.signature(function)}",
         )
+
+
+def _check_callable(name: str, role: str, function: Any, form: str = "") -> None:
+    """The user's ``role`` must be a function (of the ``form`` named in the message)."""
+    if not callable(function):
+        raise error(AutogradFunctionTypeError, name, f"{role} must be a function{form}, but got {type_name(function)}")

@@ -16,12 +16,10 @@ import contextlib
 import dataclasses
 import inspect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from . import _jax_private
@@ -84,16 +82,6 @@ class Report(tuple):
         return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _collecting() -> Iterator[dict[str, list[tuple[str, str, bool]]]]:
-    previous = getattr(_COLLECTING, "records", None)
-    _COLLECTING.records = {}
-    try:
-        yield _COLLECTING.records
-    finally:
-        _COLLECTING.records = previous
-
-
 def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     """Every residual JAX keeps to differentiate `f` at these arguments, each jaxfn save named.
 
@@ -135,23 +123,28 @@ def saved(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
             "as the function",
         )
     differentiated, arrays = _arrays_only(f, args, kwargs)
-    with _collecting() as records:
+    previous = getattr(_COLLECTING, "records", None)  # a report made inside f has its own records
+    records: dict[str, list[tuple[str, str, bool]]] = {}
+    _COLLECTING.records = records
+    try:
         rows = _jax_private.saved_residuals(differentiated, *arrays[0], **arrays[1])
+    finally:
+        _COLLECTING.records = previous
     report = []
     for aval, description in rows:
-        shape, dtype = tuple(aval.shape), aval.dtype
-        nbytes = _nbytes(shape, dtype)
+        nbytes = aval.size * aval.dtype.itemsize  # a PRNG key's dtype gives its key data's
         if not nbytes:
             continue  # a zero-size residual (jaxfn's token telling a backward its trace) holds nothing
         name = _jax_private.residual_name(description)
-        if name is not None and name in _KNOWN:  # a jaxfn save (every name recorded is known too)
+        if name in _KNOWN:  # a jaxfn save (every name recorded is known too)
             entries = records.get(name)  # this call's saves under the name, in order; else a cached trace's
             function, save, passthrough = entries.pop(0) if entries else _KNOWN[name]
         else:
             function, save, passthrough = "", description, _jax_private.residual_is_argument(description)
             if _jax_private.residual_of_custom_vjp_in(description, "jaxfn"):
                 save = "output of a jaxfn function"  # kept by the operation that reads it
-        report.append(Residual(function, save, shape, str(dtype), nbytes, "input" if passthrough else "new"))
+        kind = "input" if passthrough else "new"
+        report.append(Residual(function, save, tuple(aval.shape), str(aval.dtype), nbytes, kind))
     return Report(report)
 
 
@@ -166,16 +159,6 @@ def _arrays_only(f: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Call
         call_args, call_kwargs = parts.join(jax.tree_util.tree_leaves((given_args, given_kwargs)))
         return f(*call_args, **call_kwargs)
 
-    try:  # JAX names a residual that is an argument by f's parameters ("from the argument x")
+    with contextlib.suppress(TypeError, ValueError):  # JAX names an argument by f's parameters ("from the argument x")
         differentiated.__signature__ = inspect.signature(f)  # type: ignore[attr-defined]
-    except (TypeError, ValueError):
-        pass
     return differentiated, masked
-
-
-def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
-    """Bytes an array of this shape and dtype holds (a PRNG key: its key data's)."""
-    if jnp.issubdtype(dtype, jax.dtypes.extended):
-        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
-        shape, dtype = data.shape, data.dtype
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

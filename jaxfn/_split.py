@@ -10,6 +10,7 @@ Each of those is a ``Split`` with what it needs added.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,11 +36,8 @@ class Split:
         """The pytree with ``arrays`` at its array leaves, in order, and its Python values (or None,
         with ``python_values=False``) at the others."""
         arrays = iter(arrays)
-        if python_values:
-            leaves = [next(arrays) if a else s for a, s in zip(self.is_array, self.statics)]
-        else:
-            leaves = [next(arrays) if a else None for a in self.is_array]
-        return tree_unflatten(self.treedef, leaves)
+        statics = self.statics if python_values else itertools.repeat(None)
+        return tree_unflatten(self.treedef, [next(arrays) if a else s for a, s in zip(self.is_array, statics)])
 
 
 def split(tree: Any, array: Callable[[Any], bool] = is_array) -> tuple[list[Any], Split]:
@@ -52,11 +50,8 @@ def split(tree: Any, array: Callable[[Any], bool] = is_array) -> tuple[list[Any]
 
 def split_with_paths(tree: Any, array: Callable[[Any], bool] = is_array) -> tuple[list[Any], Split, list[tuple]]:
     """``split``, and every leaf's key path (for names and messages)."""
-    with_paths, treedef = tree_flatten_with_path(tree)
-    leaves = [leaf for _, leaf in with_paths]
-    flags = tuple([array(leaf) for leaf in leaves])
-    arrays, statics = take(leaves, flags)
-    return arrays, Split(treedef, flags, statics), [path for path, _ in with_paths]
+    arrays, parts = split(tree, array)
+    return arrays, parts, [path for path, _ in tree_flatten_with_path(tree)[0]]
 
 
 def take(leaves: list[Any], flags: tuple[bool, ...]) -> tuple[list[Any], tuple[Any, ...]]:

@@ -31,15 +31,9 @@ def holds_tracer(value: Any, wanted: Callable[[Tracer], bool] | None = None) -> 
 
 
 def holds_nothing(function: Any) -> bool:
-    """Whether ``function`` is None or a plain function that holds nothing (no closure, defaults or
-    attributes): the common user function, which ``holds_tracer`` need not walk."""
-    return function is None or (
-        type(function) is types.FunctionType
-        and function.__closure__ is None
-        and not function.__defaults__
-        and not function.__kwdefaults__
-        and not function.__dict__
-    )
+    """Whether ``function`` is None or a plain function that holds nothing (no closed-over value,
+    default or attribute): the common user function, which ``holds_tracer`` need not walk."""
+    return function is None or (type(function) is types.FunctionType and not _parts(function))
 
 
 def tracers_in(value: Any, wanted: Callable[[Tracer], bool] | None = None) -> list[Tracer]:
@@ -53,14 +47,14 @@ def _tracers(value: Any, wanted: Callable[[Tracer], bool] | None) -> Iterator[Tr
     stack = [value]
     while stack:
         item = stack.pop()
-        if id(item) in seen or (isinstance(item, _OPAQUE) and not isinstance(item, Tracer)):
+        if id(item) in seen:
             continue
         seen.add(id(item))
         if isinstance(item, Tracer):
             if wanted is None or wanted(item):
                 yield item
-            continue
-        stack.extend(reversed(_parts(item)))
+        elif not isinstance(item, _OPAQUE):
+            stack.extend(reversed(_parts(item)))
 
 
 def cells_holding(function: Any, wanted: Callable[[Tracer], bool]) -> dict[str, Any]:
@@ -124,14 +118,7 @@ class Closure:
             key = None
         program = self.held.programs.get(key)  # None is never a key: an unkeyable call traces again
         if program is None:
-            function = self.function
-
-            def on_arrays(*arrays: Any) -> Any:
-                args, kwargs = parts.join(arrays)
-                return function(*args, **kwargs)
-
-            others = [repr(v) for v, array in zip(parts.statics, parts.is_array) if not array]
-            program = self.held.trace(on_arrays, arrays, others)
+            program = self.held.trace(self.function, arrays, parts)
             if key is not None:
                 self.held.programs[key] = program
         jaxpr, reads, out_tree = program
@@ -164,13 +151,19 @@ class _Held:
         self.tracers, self.function, self.parameter = tracers, function, parameter
         self.programs: dict[Any, tuple[Any, list[Any], Any]] = {}
 
-    def trace(self, on_arrays: Callable[..., Any], arrays: list[Any], others: list[str]) -> tuple[Any, list[Any], Any]:
-        """The function traced for one signature: its program; for each value the program reads
-        from outside, the index of the held tracer it is, or (a value that is not held) that value
-        in a 1-tuple; and the output's structure."""
+    def trace(self, function: Callable[..., Any], arrays: list[Any], parts: _split.Split) -> tuple[Any, list[Any], Any]:
+        """``function`` traced for one signature (its call's ``arrays`` and the rest, ``parts``): its
+        program; for each value the program reads from outside, the index of the held tracer it
+        is, or (a value that is not held) that value in a 1-tuple; and the output's structure."""
+
+        def on_arrays(*arrays: Any) -> Any:
+            args, kwargs = parts.join(arrays)
+            return function(*args, **kwargs)
+
         try:
             jaxpr, consts, out_tree = _jax_private.traced(on_arrays, arrays)
         except jax.errors.UnexpectedTracerError as err:
+            others = [repr(v) for v, array in zip(parts.statics, parts.is_array) if not array]
             shapes = ", ".join([*(str(jax.typeof(a).str_short()) for a in arrays), *others]) or "no arguments"
             raise error(
                 AutogradFunctionTypeError,
@@ -193,7 +186,8 @@ def _parts(value: Any) -> list[Any]:
     if isinstance(value, Closure):  # the tracers it was made with are replaced where it is called
         return list(value.values)
     if type(value) is types.FunctionType:  # a function (no subclasses exist): no slots, not a pytree node
-        return _function_parts(value)
+        cells = [cell.cell_contents for cell in _cells(value).values()]  # its closure, defaults and attributes
+        return [*cells, *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(), *value.__dict__.values()]
     if isinstance(value, (list, tuple, set, frozenset)):
         return list(value)
     if isinstance(value, Mapping):
@@ -211,13 +205,6 @@ def _parts(value: Any) -> list[Any]:
     if len(children) != 1 or children[0] is not value:
         parts.extend(children)
     return parts
-
-
-def _function_parts(function: types.FunctionType) -> list[Any]:
-    """What a function holds: its closure's cells, its defaults and its attributes."""
-    cells = [cell.cell_contents for cell in _cells(function).values()]
-    defaults = [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
-    return [*cells, *defaults, *function.__dict__.values()]
 
 
 def _cells(function: Any, empty: bool = False) -> dict[str, types.CellType]:
