@@ -182,7 +182,8 @@ def _spread(args: Arguments, position: int, grad: Any, per_leaf: list[Any], prob
 
     The gradient is matched against the parameter's treedef node by node; nothing is rebuilt,
     so a user's pytree node whose unflatten refuses placeholders (or None) is never asked to
-    hold one. A node of another structure stops the match: the parameter is refused whole."""
+    hold one. A node of another structure ends the match: one problem for the parameter, naming its whole
+    structure (leaves matched before it are still checked)."""
     name, parameters = args.names[position], args.treedef.children()
     pending = [(grad, parameters[position], sum(child.num_leaves for child in parameters[:position]))]
     while pending:

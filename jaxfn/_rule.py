@@ -270,8 +270,8 @@ def forward_with_context(
     non-differentiable."""
     by_name, by_position = args.needs_input_grad(perturbed)
     flags = tuple(map(bool, perturbed))
-    # a closed-over value not made a parameter in this call: not differentiated
-    by_name = {**dict.fromkeys(definition.closed_names, False), **by_name}
+    if definition.closed_names:  # a closed-over value not made a parameter in this call: not differentiated
+        by_name = {**dict.fromkeys(definition.closed_names, False), **by_name}
     ctx = Context(definition.name, by_name, inputs=arrays, needs_by_position=by_position, perturbed=flags)
     values = args.values(arrays)
     # forward gets copies of its dicts, lists...: a write into one would be lost, so it is refused
