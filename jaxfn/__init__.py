@@ -1,6 +1,6 @@
 """jaxfn: R torch's ``autograd_function`` (and PyTorch's ``autograd.Function``) on JAX."""
 
-__version__ = "0.7.2"
+__version__ = "0.7.3"
 
 from ._anomaly import detect_anomaly as detect_anomaly
 from ._anomaly import set_detect_anomaly as set_detect_anomaly

@@ -73,10 +73,12 @@ NOT_LINEAR = (
 def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """``call(*arrays)``: the function's full output, through a ``jax.custom_jvp`` over the arrays."""
     rule = jvp_rule(definition, args, derive=True)
+    primal_infos: list[Outputs] = []  # the primal's last: only to check the rule's output against it
 
     @jax.custom_jvp
     def primal(*arrays: Any) -> Any:
         out, info = _rule.primal(definition, args, arrays)
+        primal_infos[:] = [info]
         return tuple(out), Described(info)
 
     def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
@@ -85,6 +87,8 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
             again = lambda out: _tie.tie(arrays_out, tuple(primals), tuple(out))  # survives a loop's partial eval
         given = [None if isinstance(t, SymbolicZero) else t for t in tangents]
         out, described, computed = rule(primals, given, again)
+        if primal_infos:
+            _rule.check_same_output(definition.name, primal_infos[-1], described.info)
         # one tangent per array output: the map's, zeros (float0 for integers) elsewhere
         return (tuple(out), described), (_linear.instantiate(computed, described.info.avals), described)
 
@@ -119,9 +123,10 @@ def jvp_rule(definition: _rule.Definition, args: Arguments, derive: bool) -> Cal
         # what the user's jvp reads (ctx.save_for_forward, attributes), its arrays as residuals too:
         # nothing crosses into the tangent map from this trace but through them
         view, view_remainder = _context.for_jvp(ctx).to_residuals() if definition.jvp is not None else ([], None)
+        passed = _saves.passed_through(saved, primals)
         if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
             out, (saved, view) = _rule.outputs_again(again, out, saved, view)
-        named = _saves.named(definition.name, saved, remainder, primals)
+        named = _saves.named(definition.name, saved, remainder, passed)
         by_id = {id(a): n for a, n in zip(saved, named)}  # an array saved for both is kept once
         view = [by_id.get(id(a), a) for a in view]
         avals = _arguments.shape_dtypes(primals)

@@ -192,7 +192,7 @@ def _explain(err: Exception) -> str | None:
     if _jax_private.refused_closure(err):
         return _closures.CLOSURE_HELP
     if _jax_private.refused_fwd_output(err):
-        return _reverse_mode.OUTPUT_DIFFERS
+        return _rule.OUTPUT_DIFFERS
     return None
 
 

@@ -93,7 +93,8 @@ class HostFunction:
         (no probe: an output whose shape depends on the values is fine here, as in PyTorch), and
         whatever it raises propagates untouched."""
         # the arrays as host code sees them: NumPy arrays of the dtypes JAX holds them in
-        arrays = [np.asarray(a).astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False) for a in args.arrays]
+        dtypes = _numpy_dtypes(self.definition.name, args, args.arrays)
+        arrays = [np.asarray(a).astype(d, copy=False) for a, d in zip(args.arrays, dtypes)]
         _, out, marked = _rule.forward_with_context(self.definition, args, arrays, (False,) * len(arrays))
         info = _outputs_of(self.definition.name, out, marked, self.output)
         outputs = _check_outputs(self.definition.name, info, out)
@@ -162,7 +163,8 @@ class HostFunction:
     def _probe(self, args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> _Probe:
         """The probe of this signature (its strict key, its arrays' shapes and dtypes as JAX holds
         them, flags, x64), run once; on each call where the call has no key."""
-        avals = tuple(jax.ShapeDtypeStruct(np.shape(a), jax.dtypes.canonicalize_dtype(a.dtype)) for a in arrays)
+        dtypes = _numpy_dtypes(self.definition.name, args, arrays)
+        avals = tuple(jax.ShapeDtypeStruct(np.shape(a), d) for a, d in zip(arrays, dtypes))
         try:
             key = (_keys.split_key(args, args.kinds), avals, flags, _jax_private.x64())
         except (_keys.Unkeyable, TypeError):
@@ -181,6 +183,23 @@ class HostFunction:
         if key not in calls:
             calls[key] = HostCall(functools.partial(run, self.definition, probe, *extra), anomaly)
         return bind(self.definition.name, calls[key], specs, *arrays)
+
+
+def _numpy_dtypes(name: str, args: Arguments, arrays: Any) -> list[Any]:
+    """The dtypes host code sees ``arrays`` in: those JAX holds them in. An array of one of JAX's
+    own dtypes (a PRNG key array, jax.random.key) has no NumPy form: refused, naming the argument."""
+    dtypes = [jax.dtypes.canonicalize_dtype(a.dtype, allow_extended_dtype=True) for a in arrays]
+    for position, dtype in zip(args.array_positions, dtypes):
+        if not isinstance(dtype, np.dtype):  # one of JAX's extended dtypes, which NumPy's are not
+            raise error(
+                AutogradFunctionTypeError,
+                name,
+                f"argument '{args.paths[position]}' is an array of JAX's own dtype {dtype} (a PRNG key array, as "
+                "jax.random.key makes), but host code (host=True) runs on NumPy arrays, which cannot hold it; pass "
+                "jax.random.key_data(key) (its uint32 data, a NumPy array on the host), or draw the random values "
+                "before the call and pass them",
+            )
+    return dtypes
 
 
 # -- on the host ---------------------------------------------------------------------------------

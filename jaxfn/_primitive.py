@@ -208,13 +208,19 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
         forward, backward = _rule.reverse(definition, args)
 
         def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
-            out, _, residuals = forward(arrays, perturbed, again)
+            out, seen, residuals = forward(arrays, perturbed, again)
+            _rule.check_same_output(definition.name, info, seen)
             return tuple(out), residuals
+
+        def checked_jvp(primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
+            out, seen, computed = jvp(primals, tangents, again)
+            _rule.check_same_output(definition.name, info, seen.info)
+            return out, seen, computed
 
         vmap = _user_vmap(definition, args, info)
         bwd = lambda residuals, cotangents: backward(residuals, cotangents)[0]
         has_forward_mode = forward_mode or definition.jvp is not None
-        rules = _Rules(definition.name, primal, fwd, bwd, jvp, has_forward_mode, vmap)
+        rules = _Rules(definition.name, primal, fwd, bwd, checked_jvp, has_forward_mode, vmap)
         in_avals = tuple(jax.typeof(a) for a in arrays)
         out_avals = tuple(map(_jax_private.aval_of, shapes))  # inside shard_map: varying as forward's outputs
         return info.rebuild(_Primitive(rules, in_avals, out_avals)(*arrays))

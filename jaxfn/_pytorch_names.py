@@ -158,7 +158,7 @@ def _method_help(role: str, name: str | None, obj: Any) -> str | None:
     JAX or NumPy array (or the memoryview NumPy's ``.data`` is); None for anything else."""
     if not name or name.startswith("__") or not isinstance(obj, _ARRAYS):
         return None
-    in_place = name.endswith("_") and name[:-1] in METHODS
+    in_place = name not in METHODS and name.endswith("_") and name[:-1] in METHODS  # the table's own row first
     if name not in METHODS and not in_place:
         return None
     jax_spelling, numpy_spelling = METHODS[name[:-1] if in_place else name]

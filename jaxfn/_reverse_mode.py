@@ -25,15 +25,7 @@ from jax.custom_derivatives import CustomVJPPrimal
 
 from . import _jax_private, _rule, _tie
 from ._arguments import Arguments
-from ._errors import AutogradFunctionTypeError, error
 from ._outputs import Described, Outputs
-
-OUTPUT_DIFFERS = (
-    "forward's output must be the same whatever is differentiated, but it differs between a trace where "
-    "no input is differentiated and one where some are (its shapes, dtypes or structure depend on "
-    "ctx.needs_input_grad); return the same output in every case, and use needs_input_grad only to choose "
-    "what to save"
-)
 
 # JAX's custom_vjp reads the signature of its three functions (inspect.signature) on every call,
 # to name arguments in its messages. Each function's own signature, read once per ``def`` (its
@@ -81,8 +73,8 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
             else:
                 again = lambda out: _tie.tie(arrays_out, tuple(arrays), tuple(out))
         out, info, residuals = forward(arrays, [p.perturbed for p in primals], again)  # its trace's token first
-        if primal_infos and not primal_infos[-1].same_arrays_as(info):
-            raise error(AutogradFunctionTypeError, definition.name, OUTPUT_DIFFERS)
+        if primal_infos:
+            _rule.check_same_output(definition.name, primal_infos[-1], info)
         return (tuple(out), Described(info)), residuals
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:

@@ -58,6 +58,7 @@ class Definition:
             check_definition(name, "jvp", jvp)
         if vmap is not None:
             _check_callable(name, "vmap", vmap, " vmap(info, in_dims, *args)")
+        users = (forward, backward, setup_context)  # what the user wrote: their free names, not a wrapper's
         if setup_context is None:
             check_definition(name, "forward", forward)
         else:
@@ -74,7 +75,7 @@ class Definition:
             jvp,
             vmap,
             keyword_only=tuple(n for n, p in signature.parameters.items() if p.kind is p.KEYWORD_ONLY),
-            closed_names=_free_names((forward, backward), signature),
+            closed_names=_free_names(users, signature),
         )
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Arguments:
@@ -229,9 +230,10 @@ def reverse(definition: Definition, args: Arguments) -> tuple[Callable[..., Any]
     def forward(arrays: Any, perturbed: Any, again: Any = None) -> tuple[list[Any], _outputs.Outputs, Any]:
         ctx, out, info = run_forward(definition, args, arrays, perturbed)
         saved, remainder = ctx.to_residuals()
+        passed = _saves.passed_through(saved, arrays)
         if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
             out, (saved,) = outputs_again(again, out, saved)
-        saved = _saves.named(definition.name, saved, remainder, arrays)
+        saved = _saves.named(definition.name, saved, remainder, passed)
         token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying_per_array(arrays)))
         return out, info, (saved, token)
 
@@ -375,6 +377,21 @@ def _check_varying(name: str, args: Arguments, cotangents: list[Any], varying: t
 def _array_paths(args: Arguments) -> list[str]:
     """Each array input's name in messages ('x', "params['w']")."""
     return [args.paths[i] for i in args.array_positions]
+
+
+OUTPUT_DIFFERS = (
+    "forward's output must be the same whatever is differentiated, but it differs between a trace where "
+    "no input is differentiated and one where some are (its shapes, dtypes or structure depend on "
+    "ctx.needs_input_grad); return the same output in every case, and use needs_input_grad only to choose "
+    "what to save"
+)
+
+
+def check_same_output(name: str, primal: _outputs.Outputs, seen: _outputs.Outputs) -> None:
+    """Forward's output where something is differentiated (``seen``) must be as where nothing is
+    (``primal``): refused otherwise, in jaxfn's words (JAX's custom rules would fail on it, or assert)."""
+    if not primal.same_arrays_as(seen):
+        raise error(AutogradFunctionTypeError, name, OUTPUT_DIFFERS)
 
 
 FORWARD_MODE_HELP = (

@@ -40,15 +40,22 @@ def available() -> bool:
     return _jax_private.checkpoint_name_batches(_jax_private.remat3())
 
 
-def named(function: str, saved: list[Any], remainder: Remainder, inputs: Any) -> list[Any]:
-    """The residuals of one call, each under its name; recorded when ``saved`` is reporting."""
+def passed_through(saved: list[Any], inputs: Any) -> list[bool]:
+    """Per saved array, whether it is one of ``inputs`` (read before an outer differentiation's
+    outputs replace saved outputs: an input forward returns unchanged stays an input)."""
+    ids = {id(a) for a in inputs}
+    return [id(a) in ids for a in saved]
+
+
+def named(function: str, saved: list[Any], remainder: Remainder, passed: list[bool]) -> list[Any]:
+    """The residuals of one call, each under its name (``passed``: per residual, whether it is an
+    input passed through); recorded when ``saved`` is reporting."""
     if not available():
         return saved  # jax 0.10 with jax_remat3 on: JAX's checkpoint_name fails under vmap, so no names
     names = [f"{function}.{save}" for save in remainder.save_names]
     records = getattr(_COLLECTING, "records", None)
-    ids = {id(a) for a in inputs}
-    for name, save, value in zip(names, remainder.save_names, saved):
-        entry = _KNOWN[name] = (function, save, id(value) in ids)
+    for name, save, is_input in zip(names, remainder.save_names, passed):
+        entry = _KNOWN[name] = (function, save, is_input)
         if records is not None:
             records.setdefault(name, []).append(entry)
     return [checkpoint_name(value, name) for value, name in zip(saved, names)]

@@ -382,3 +382,31 @@ def test_saves_and_parameters_named_with_an_underscore_read_as_the_users():
 
     f = jaxfn.autograd_function(forward, backward, name="f")
     assert float(jax.grad(f)(jnp.array(2.0), jnp.array(3.0))) == 3.0
+
+
+def test_needs_input_grad_with_setup_context_refuses_a_name_that_is_no_parameter():
+    """PyTorch 2's form: forward is wrapped to take ctx, and the wrapper's own free names (forward,
+    setup_context) are no parameters: ctx.needs_input_grad.forward is refused, as in the plain form,
+    while a value the user's backward closes over answers False."""
+    scale = jnp.float32(3.0)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward_forward_name(ctx, g):
+        return g * ctx.needs_input_grad.forward
+
+    def backward_closed(ctx, g):
+        assert ctx.needs_input_grad.scale is False
+        return g * scale
+
+    def forward(x):
+        return x * scale
+
+    x = jnp.ones(2)
+    f = jaxfn.autograd_function(forward, backward_forward_name, setup_context=setup_context, name="mul")
+    unknown = r"'mul': .*ctx.needs_input_grad has no 'forward'; the names it has are: 'scale', 'x'"
+    with pytest.raises(AttributeError, match=unknown):
+        jax.grad(lambda x: f(x).sum())(x)
+    g = jaxfn.autograd_function(forward, backward_closed, setup_context=setup_context, name="mul")
+    assert jnp.allclose(jax.grad(lambda x: g(x).sum())(x), 3.0 * jnp.ones(2))

@@ -736,3 +736,29 @@ def test_a_host_argument_whose_pytree_static_data_is_unhashable_is_probed_each_c
     np.testing.assert_allclose(jax.jit(lambda x: h(StaticNode(x, {"a": 1})))(x), np.sin(x), rtol=1e-6)
     grad = jax.grad(lambda x: h(StaticNode(x, {"a": 1})).sum())(x)
     np.testing.assert_allclose(grad, np.cos(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda f, x, keys: f(x, keys),
+        lambda f, x, keys: jax.jit(f)(x, keys),
+        lambda f, x, keys: jax.grad(lambda x: f(x, keys).sum())(x),
+    ],
+    ids=["eager", "jit", "grad"],
+)
+def test_a_prng_key_array_for_host_code_is_refused_naming_the_argument(call):
+    """NumPy has no form for JAX's key dtype: refused in jaxfn's words (not NumPy's TypeError or
+    JAX's internal dtype error), naming the argument inside its pytree; key data passes."""
+
+    def forward(ctx, x, keys):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    f = jaxfn.autograd_function(forward, lambda ctx, g: (2 * g, None), host=True, name="noisy")
+    x = jnp.ones(3)
+    refused = r"^jaxfn: 'noisy': argument 'keys\['b'\]' is an array of JAX's own dtype key<fry> .*key_data\(key\)"
+    with pytest.raises(jaxfn.AutogradFunctionError, match=refused):
+        call(f, x, {"a": jnp.ones(1), "b": jax.random.key(0)})
+    data = {"a": jnp.ones(1), "b": jax.random.key_data(jax.random.key(0))}
+    assert np.allclose(call(f, x, data), 2 * np.ones(3))  # the value, or the gradient of its sum: both 2 here

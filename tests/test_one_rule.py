@@ -361,6 +361,53 @@ def test_an_output_that_depends_on_needs_input_grad_is_refused_under_scan_and_gr
         jax.grad(loss)(1.0)
 
 
+SHIFTY_TRANSFORMS = {
+    "grad": lambda loss: jax.grad(loss),
+    "jit(grad)": lambda loss: jax.jit(jax.grad(loss)),
+    "grad of scan": lambda loss: jax.grad(lambda x: lax.scan(lambda c, _: (loss(c), None), x, None, length=2)[0]),
+    "jit(grad(checkpoint))": lambda loss: jax.jit(jax.grad(jax.checkpoint(loss))),
+    "vmap(grad)": lambda loss: lambda x: jax.vmap(jax.grad(loss))(jnp.stack([x, x + 1.0]))[0],
+    "jvp": lambda loss: lambda x: jax.jvp(loss, (x,), (jnp.float32(1.0),))[1],
+}
+
+
+def _shifty_vmap(info, dims, x, y):
+    return (x * y)[None], 1
+
+
+SHIFTY_BUILDERS = {
+    "default": {},
+    "forward_mode": {"forward_mode": True},
+    "jvp rule": {"jvp": lambda ctx, tx, ty: tx * 2.0},
+    "vmap rule": {"vmap": _shifty_vmap},
+    "vmap rule, forward_mode": {"vmap": _shifty_vmap, "forward_mode": True},
+    "vmap rule, jvp rule": {"vmap": _shifty_vmap, "jvp": lambda ctx, tx, ty: tx * 2.0},
+}
+
+
+@pytest.mark.parametrize("transform", SHIFTY_TRANSFORMS)
+@pytest.mark.parametrize("builder", SHIFTY_BUILDERS)
+def test_an_output_that_depends_on_needs_input_grad_is_refused_or_right_in_every_builder(builder, transform):
+    """Where JAX traces forward both with nothing and with something differentiated, the difference
+    is refused in jaxfn's words (never JAX's structure error or a bare assertion); where it traces
+    only one, the result is the plain function's."""
+
+    def forward(ctx, x, y):
+        return x * y if ctx.needs_input_grad.x else (x * y)[None]
+
+    options = SHIFTY_BUILDERS[builder]
+    f = jaxfn.autograd_function(forward, lambda ctx, g: (g * 2.0, None), name="shifty", **options)
+    if transform == "jvp" and builder in ("default", "vmap rule"):
+        pytest.skip("reverse mode only: forward mode is refused there (tested elsewhere)")
+    run = SHIFTY_TRANSFORMS[transform]
+    try:
+        got = run(lambda x: f(x, 2.0).sum())(jnp.float32(1.5))
+    except jaxfn.AutogradFunctionError as err:
+        assert "'shifty': forward's output must be the same whatever is differentiated" in str(err), str(err)
+        return
+    _close(got, run(lambda x: (x * 2.0).sum())(jnp.float32(1.5)))
+
+
 def test_a_vmap_rule_giving_a_tuple_of_out_dims_for_one_output_is_named():
     f = jaxfn.autograd_function(
         lambda ctx, x: x * 2, lambda ctx, g: g * 2, name="f", vmap=lambda info, d, x: (x * 2, (0,))

@@ -220,6 +220,9 @@ def test_the_table_spells_every_method_and_in_place_ones_are_derived():
         )
     assert _pytorch_names._method_help("forward", "sigmoid_", jnp.ones(1)).count("jax.nn.sigmoid(x)") == 1
     assert _pytorch_names._method_help("forward", "nosuch", jnp.ones(1)) is None
+    # a name with its own row (requires_grad_) gets that row, not the in-place reading of requires_grad
+    own = _pytorch_names._method_help("forward", "requires_grad_", jnp.ones(1))
+    assert "nothing: JAX differentiates what jax.grad is asked for" in own and "in-place" not in own, own
     assert _pytorch_names._method_help("forward", "cpu", [1.0]) is None  # a list: not an array
 
 

@@ -106,6 +106,28 @@ def test_saved_reports_each_residual():
     assert "| tanh | 0 | (4, 5) | float64 | 160 | new |" in table
 
 
+@pytest.mark.parametrize("forward_mode", [False, True])
+def test_an_input_forward_returns_unchanged_is_reported_as_an_input(forward_mode):
+    """A save of an input that forward also returns as is: kind "input" (the outer differentiation
+    replaces the saved output with the output it sees, which must not make it "new")."""
+
+    def through(ctx, x, w):
+        ctx.save_for_backward(x=x, w=w)
+        return x, x * w
+
+    def backward(ctx, gx, gy):
+        x, w = ctx.saved_tensors
+        return gx + gy * w, gy * x
+
+    f = jaxfn.autograd_function(through, backward, forward_mode=forward_mode, name="through")
+    x, w = jnp.arange(3.0), jnp.ones(3)
+    rows = [(r.save, r.kind) for r in jaxfn.saved(lambda x, w: sum(o.sum() for o in f(x, w)), x, w) if r.function]
+    assert rows == [("x", "input"), ("w", "input")]
+    want = jax.grad(lambda x, w: (x + x * w).sum(), (0, 1))(x, w)
+    got = jax.grad(lambda x, w: sum(o.sum() for o in f(x, w)), (0, 1))(x, w)
+    np.testing.assert_allclose(got, want)
+
+
 def test_saved_under_a_policy_lists_what_it_keeps():
     policy = jax.checkpoint_policies.save_only_these_names("tanh.0")
     report = jaxfn.saved(jax.checkpoint(net, policy=policy), X, W1, W2, P)
