@@ -109,6 +109,11 @@ class Arguments(Split):
         return tuple(self.names[path[0].idx] + keystr(tuple(path[1:])) for path in key_paths_)
 
     @_cached
+    def array_paths(self) -> tuple[str, ...]:
+        """One per entry of ``arrays``: its ``paths`` entry (its name in messages)."""
+        return tuple(self.paths[i] for i in self.array_positions)
+
+    @_cached
     def closed_over(self) -> dict[int, str]:
         """The leaves that are values a function argument closes over (``in_closures``), or that
         forward or backward closes over (``implicit``), each with its parameter's name: backward

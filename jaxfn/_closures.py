@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -97,8 +97,7 @@ def _closed_over(
             return unchanged  # two different values under one name: refused
     if not closed:
         return unchanged
-    outside = _outside(arguments)
-    clash = [name for name in closed if name in arguments.names and _tracers.holds_tracer(closed[name], outside)]
+    clash = [n for n in closed if n in arguments.names and _tracers.holds_tracer(closed[n], _outside(arguments))]
     if clash:  # the value can't be named as a parameter: said, not the generic refusal
         raise error(
             AutogradFunctionTypeError,
@@ -114,10 +113,9 @@ def _closed_over(
             if not callable(value):  # an object JAX can't see into: refused
                 return unchanged
             closed[name] = _tracers.Closure.holding(value, _tracers.tracers_in(value), definition.name, name)
-    names = tuple(closed)
 
     def forward_reading(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        read = {name: kwargs.pop(name) for name in names}
+        read = {name: kwargs.pop(name) for name in closed}
         setattr(ctx, _context.CLOSED_OVER, read)  # crosses to backward as saved values do
         return _tracers.with_cells(forward, read)(ctx, *args, **kwargs)
 
@@ -126,9 +124,8 @@ def _closed_over(
 
     functools.update_wrapper(forward_reading, forward)
     functools.update_wrapper(backward_reading, user[1])  # the backward as given: once_differentiable's mark too
-    forward_reading.__signature__ = _with_keyword_only(inspect.signature(forward), names)  # type: ignore[attr-defined]
-    reading = _rule.Definition.of(definition.name, forward_reading, backward_reading)
-    return reading, arguments.replacing({}, closed)
+    forward_reading.__signature__ = _with_keyword_only(inspect.signature(forward), closed)  # type: ignore[attr-defined]
+    return _rule.Definition.of(definition.name, forward_reading, backward_reading), arguments.replacing({}, closed)
 
 
 def _undecorated(function: Any) -> Any:
@@ -139,7 +136,7 @@ def _undecorated(function: Any) -> Any:
     return None if hasattr(function, "__wrapped__") else function
 
 
-def _with_keyword_only(signature: inspect.Signature, names: tuple[str, ...]) -> inspect.Signature:
+def _with_keyword_only(signature: inspect.Signature, names: Iterable[str]) -> inspect.Signature:
     """``signature`` with keyword-only parameters ``names`` added (after its own keyword-only
     parameters, before a ``**kwargs``: a signature's parameters are in the order of their kinds,
     and a stable sort keeps it)."""

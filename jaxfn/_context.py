@@ -269,8 +269,7 @@ class Remainder(Split):
     what it holds, and its own state)."""
 
     state: _State
-    names: tuple[tuple[str, ...], tuple[str, ...]]  # saved names and attribute names, in the user's order
-    save_names: tuple[str, ...] = ()  # one per array: "<save><path>" (a position, a name or an attribute)
+    save_names: tuple[str, ...]  # one per array: "<save><path>" (a position, a name or an attribute)
 
 
 class Context:
@@ -486,8 +485,7 @@ class Context:
             if leaf is not None and _tracers.holds_tracer(leaf):
                 raise error(AutogradFunctionTypeError, state.function, _hidden_tracer(path, leaf))
         save_names = tuple(_save_name(path) for path, array in zip(paths, parts.is_array) if array)
-        names = (tuple(named), tuple(self._attrs))
-        return arrays, Remainder(parts.treedef, parts.is_array, parts.statics, state.holding(), names, save_names)
+        return arrays, Remainder(parts.treedef, parts.is_array, parts.statics, state.holding(), save_names)
 
     @classmethod
     def from_residuals(cls, arrays: list[Any], remainder: Remainder) -> Context:
@@ -538,7 +536,7 @@ def end_forward(ctx: Context) -> list[Any]:
     """Close forward's part of ``ctx`` (its forward-only methods refuse from now on); the outputs
     forward marked non-differentiable. What the rule and the host builder call after forward."""
     ctx._state.in_forward = False
-    return non_differentiable(ctx)
+    return ctx._state.non_differentiable
 
 
 def for_jvp(ctx: Context) -> Context:
@@ -556,8 +554,3 @@ def perturbed(ctx: Context) -> tuple[bool, ...]:
 def needs_by_name(ctx: Context) -> dict[str, bool]:
     """``ctx.needs_input_grad`` by parameter name, as a dict."""
     return ctx._state.needs._jaxfn_names
-
-
-def non_differentiable(ctx: Context) -> list[Any]:
-    """The outputs forward marked with ``ctx.mark_non_differentiable``."""
-    return ctx._state.non_differentiable

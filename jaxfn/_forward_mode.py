@@ -48,7 +48,7 @@ from jax.core import Tracer
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import ClosedJaxpr, Var, jaxpr_as_fun
 
-from . import _arguments, _context, _jax_private, _linear, _outputs, _rule, _saves, _tie
+from . import _arguments, _jax_private, _linear, _outputs, _rule, _tie
 from ._arguments import DIFF, Arguments
 from ._context import Context
 from ._errors import AutogradFunctionError, AutogradFunctionTypeError, error, type_name
@@ -72,23 +72,15 @@ NOT_LINEAR = (
 
 def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     """``call(*arrays)``: the function's full output, through a ``jax.custom_jvp`` over the arrays."""
-    rule = jvp_rule(definition, args, derive=True)
-    primal_infos: list[Outputs] = []  # the primal's last: only to check the rule's output against it
-
-    @jax.custom_jvp
-    def primal(*arrays: Any) -> Any:
-        out, info = _rule.primal(definition, args, arrays)
-        primal_infos[:] = [info]
-        return tuple(out), Described(info)
+    rule = _rule.Rule(definition, args)
+    forward_mode = jvp_rule(rule, derive=True)
+    primal = jax.custom_jvp(rule.primal)
 
     def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
-        again = None
-        if any(isinstance(p, Tracer) for p in primals):  # an outer trace differentiates through this rule too
-            again = lambda out: _tie.tie(arrays_out, tuple(primals), tuple(out))  # survives a loop's partial eval
+        # an outer trace differentiates through this rule too (a tie: survives a loop's partial eval)
+        again = _tie.again_on(arrays_out, primals)
         given = [None if isinstance(t, SymbolicZero) else t for t in tangents]
-        out, described, computed = rule(primals, given, again)
-        if primal_infos:
-            _rule.check_same_output(definition.name, primal_infos[-1], described.info)
+        out, described, computed = forward_mode(primals, given, again)
         # one tangent per array output: the map's, zeros (float0 for integers) elsewhere
         return (tuple(out), described), (_linear.instantiate(computed, described.info.avals), described)
 
@@ -104,48 +96,37 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     return call
 
 
-def jvp_rule(definition: _rule.Definition, args: Arguments, derive: bool) -> Callable[..., Any]:
+def jvp_rule(rule: _rule.Rule, derive: bool) -> Callable[..., Any]:
     """Forward mode on one call's flat arrays, as both forward-mode builders use it (this module's
     ``jax.custom_jvp``, ``_primitive``'s hijax primitive): ``jvp(primals, tangents, again=None) ->
-    (outputs, Described(info), tangents out)`` runs the user's forward with a fresh context
-    (``tangents``: None where JAX differentiates nothing; ``again``: see ``_rule.outputs_again``)
-    and returns one tangent per array output (None where the output is not differentiable),
-    through ``_linear.tangents``, whose transpose is the user's backward. The tangent map is the
-    user's jvp; without one, backward transposed where ``derive``, else refused where a tangent is
-    computed (reverse mode, which transposes the map, never computes one)."""
+    (outputs, Described(info), tangents out)`` runs ``rule``'s forward (``tangents``: None where
+    JAX differentiates nothing; ``again``: see ``_rule.outputs_again``) and returns one tangent
+    per array output (None where the output is not differentiable), through ``_linear.tangents``,
+    whose transpose is the rule's backward. The tangent map is the user's jvp; without one,
+    backward transposed where ``derive``, else refused where a tangent is computed (reverse mode,
+    which transposes the map, never computes one)."""
+    definition, args = rule.definition, rule.args
 
     def jvp(primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> tuple[list[Any], Described, list[Any]]:
         perturbed = [t is not None for t in tangents]
-        ctx, out, info = _rule.run_forward(definition, args, primals, perturbed)
+        out, info, residuals = rule.forward(primals, perturbed, again, for_jvp=definition.jvp is not None)
         wanted = [i for i, flag in enumerate(perturbed) if flag]
         outs = [i for i, flag in enumerate(info.differentiable) if flag]
-        saved, remainder = ctx.to_residuals()
-        # what the user's jvp reads (ctx.save_for_forward, attributes), its arrays as residuals too:
-        # nothing crosses into the tangent map from this trace but through them
-        view, view_remainder = _context.for_jvp(ctx).to_residuals() if definition.jvp is not None else ([], None)
-        passed = _saves.passed_through(saved, primals)
-        if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
-            out, (saved, view) = _rule.outputs_again(again, out, saved, view)
-        named = _saves.named(definition.name, saved, remainder, passed)
-        by_id = {id(a): n for a, n in zip(saved, named)}  # an array saved for both is kept once
-        view = [by_id.get(id(a), a) for a in view]
-        avals = _arguments.shape_dtypes(primals)
-        varying = _rule.varying_per_array(primals)
-        names = [args.paths[args.array_positions[i]] for i in wanted]
+        # the tangent map's residuals, flat: the rule's (backward's saved arrays, the jvp's view, the token)
+        flat, layout = jax.tree.flatten(residuals)
+        avals = tuple(_arguments.shape_dtypes(primals))
 
         def backward(residuals: tuple[Any, ...], cotangents: tuple[Any, ...]) -> list[Any]:
             """The user's backward: the transpose of the tangent map (JAX's reverse mode)."""
             per_output = _rule.replaced([None] * len(info.avals), outs, cotangents)  # None: none flows
-            backward_ctx = Context.from_residuals(list(residuals[: len(named)]), remainder)
-            cts = _rule.run_backward(definition, args, backward_ctx, info, per_output, avals, perturbed, varying)
+            cts = rule.backward(layout.unflatten(residuals), per_output)
             return [cts[i] for i in wanted]
 
         def user_jvp(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: the user's jvp, on the context forward left for it."""
             full = _rule.replaced([None] * len(primals), wanted, given)
-            assert view_remainder is not None  # chosen only with a jvp rule
-            jvp_ctx = Context.from_residuals(list(residuals[len(named) :]), view_remainder)
-            return run_jvp(definition, args, jvp_ctx, tuple(avals), full, info, ctx.materialize_grads)
+            ctx = rule.jvp_context(layout.unflatten(residuals))
+            return run_jvp(definition, args, ctx, avals, full, info)
 
         def derived(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
             """The tangent map: backward transposed, gated (its checks run where tangents are made)."""
@@ -158,7 +139,7 @@ def jvp_rule(definition: _rule.Definition, args: Arguments, derive: bool) -> Cal
             with _rule.plain_forward(), _jax_private.anomaly_context(False):
                 transpose = _transposing(definition.name, jax.linear_transpose, pullback, *examples)
                 out_tangents = _transposing(definition.name, transpose, list(given), needs_values=())
-                _check_offset(definition.name, pullback, examples, names)
+                _check_offset(definition.name, pullback, examples, [args.array_paths[i] for i in wanted])
             return list(out_tangents)
 
         def refused(residuals: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
@@ -166,9 +147,8 @@ def jvp_rule(definition: _rule.Definition, args: Arguments, derive: bool) -> Cal
             raise error(AutogradFunctionTypeError, definition.name, _rule.FORWARD_MODE_HELP)
 
         tangent_map = user_jvp if definition.jvp is not None else derived if derive else refused
-        residuals = (*named, *view)  # backward's saved arrays, then the jvp's
         given = tuple(tangents[i] for i in wanted)
-        computed = _linear.tangents(definition.name, tangent_map, backward, residuals, given, [out[i] for i in outs])
+        computed = _linear.tangents(definition.name, tangent_map, backward, tuple(flat), given, [out[i] for i in outs])
         return out, Described(info), _rule.replaced([None] * len(out), outs, computed)
 
     return jvp
@@ -302,7 +282,6 @@ def run_jvp(
     primals: Any,
     tangents: list[Any],
     info: Outputs,
-    materialize: bool,
     xp: Any = jnp,
 ) -> list[Any]:
     """The user's jvp rule, one step on every path (the traced tangent map, the vmap-rule
@@ -314,7 +293,7 @@ def run_jvp(
     one tangent per differentiable output array, checked and cast to its output's dtype."""
     assert definition.jvp is not None  # called only for a function with a jvp rule
     per_array = [
-        (xp.zeros(primal.shape, primal.dtype) if tangent is None and materialize else tangent)
+        (xp.zeros(primal.shape, primal.dtype) if tangent is None and ctx.materialize_grads else tangent)
         if args.kinds[position] == DIFF
         else None
         for position, primal, tangent in zip(args.array_positions, primals, tangents)

@@ -69,7 +69,7 @@ class AutogradFunction:
         # the options as given: with forward and backward, what pickling rebuilds the function from
         self._options = {key: value for key, value in locals().items() if key not in ("self", "forward", "backward")}
         self.name = name if name is not None else getattr(forward, "__name__", "function")
-        self._given = (forward, backward)  # read-only: the plan below is made from them
+        self._user = (forward, backward, jvp, vmap)  # what the user wrote (read-only), checked for held values
         if isinstance(backward, str):  # "finite_differences": backward and jvp made from a host forward
             self._definition = _finite_differences.definition(
                 self.name, backward, host, forward, setup_context, jvp, vmap
@@ -85,7 +85,6 @@ class AutogradFunction:
             self._builder = functools.partial(_primitive.build, forward_mode=self.forward_mode)
         else:
             self._builder = _forward_mode.build if self._forward_mode else _reverse_mode.build
-        self._user = (forward, backward, jvp, vmap)  # what the user wrote, checked for held values
         # what forward and backward close over may become parameters (SPEC 15) where they are plain functions
         self._closed_over_parameters = not (host or setup_context or jvp or vmap)
         self._compiled = _eager.Compiled(self._definition, self._traced) if self.jit else None
@@ -97,17 +96,17 @@ class AutogradFunction:
 
     @property
     def forward(self) -> Callable[..., Any]:
-        return self._given[0]
+        return self._user[0]
 
     @property
     def backward(self) -> Callable[..., Any] | str:
-        return self._given[1]
+        return self._user[1]
 
     def __repr__(self) -> str:
         return f"<jaxfn.AutogradFunction '{self.name}'>"
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (*self._given, self._options))
+        return (_rebuild, (*self._user[:2], self._options))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._compiled is not None and not kwargs:
@@ -162,11 +161,8 @@ class AutogradFunction:
         arguments = self._definition.bind(args, kwargs)
         if self._host is not None:
             return self._host.outputs(arguments)
-
-        def described(*arrays: Any) -> _outputs.Described:
-            return _outputs.Described(_rule.primal(self._definition, arguments.structure(), arrays)[1])
-
-        return jax.eval_shape(described, *arguments.arrays).info
+        rule = _rule.Rule(self._definition, arguments.structure())
+        return jax.eval_shape(rule.primal, *arguments.arrays)[1].info
 
     def output_differentiable(self, *args: Any, **kwargs: Any) -> Any:
         """For a call, whether each output leaf carries a gradient (`None` for Python values).

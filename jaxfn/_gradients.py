@@ -14,11 +14,6 @@ from jax.custom_derivatives import SymbolicZero
 from ._arguments import DIFF, STATIC, Arguments
 from ._errors import AutogradFunctionTypeError, AutogradFunctionValueError, a, error, raise_all, type_name
 
-_FORMS = (
-    "backward must return a dict keyed by parameter name, a tuple/list with one entry per "
-    "parameter, or a bare array (one-parameter functions only)"
-)
-
 
 def by_parameter(
     function: str, args: Arguments, returned: Any, keyword_only: tuple[str, ...], differentiated: Mapping[str, bool]
@@ -57,8 +52,9 @@ def by_parameter(
     raise error(
         AutogradFunctionTypeError,
         function,
-        f"{_FORMS}, but it returned {describe(returned)} for a function with {len(slots)} parameters "
-        f"({', '.join(map(args.slot_name, slots))})",
+        "backward must return a dict keyed by parameter name, a tuple/list with one entry per parameter, or a bare "
+        f"array (one-parameter functions only), but it returned {describe(returned)} for a function with "
+        f"{len(slots)} parameters ({', '.join(map(args.slot_name, slots))})",
     )
 
 

@@ -210,7 +210,7 @@ def _host_forward(definition: _rule.Definition, probe: _Probe, *arrays: Any):
     results = _check_outputs(definition.name, probe.info, out)
     if any(probe.flags):
         remainder, leaves = _host_values.split(ctx)
-        if (remainder.treedef, remainder.names) != (probe.remainder.treedef, probe.remainder.names):
+        if remainder.treedef != probe.remainder.treedef:  # the treedef holds the save and attribute names too
             raise error(AutogradFunctionTypeError, definition.name, _CHANGED.format(what="save"))
         results.extend(_host_values.send(definition.name, leaf, carry) for leaf, carry in zip(leaves, probe.carries))
         results.extend(np.zeros(s.shape, s.dtype) for s in probe.carried[len(leaves) :])  # the receipt, if any
@@ -254,8 +254,7 @@ def _host_jvp(definition: _rule.Definition, probe: _Probe, present: tuple[bool, 
     ctx, out, _ = _rule.forward_with_context(definition, args, list(arrays), present)
     _check_outputs(definition.name, info, out)
     tangents = [next(given) if flag else None for flag in present]
-    view = _context.for_jvp(ctx)
-    computed = iter(_forward_mode.run_jvp(definition, args, view, arrays, tangents, info, ctx.materialize_grads, np))
+    computed = iter(_forward_mode.run_jvp(definition, args, _context.for_jvp(ctx), arrays, tangents, info, np))
     return tuple(next(computed) if d else np.zeros(a.shape, a.dtype) for d, a in zip(info.differentiable, info.avals))
 
 

@@ -27,10 +27,9 @@ from ._errors import AutogradFunctionTypeError, error, type_name
 def split(ctx: Context) -> tuple[Remainder, list[Any]]:
     """A host forward's context: its static remainder, and every value it holds as a host value,
     each named as the traced rule names a save (``remainder.save_names``: ``cosx``, ``0``, ``scale``)."""
-    values, remainder = ctx.to_residuals(lambda leaf: True)
-    leaves = [np.asarray(v) if isinstance(v, jax.Array) else v for v in values]  # JAX arrays if host code made some
-    bare = dataclasses.replace(remainder.state, non_differentiable=[])  # keeps no output of this call
-    return dataclasses.replace(remainder, state=bare), leaves
+    values, remainder = ctx.to_residuals(lambda leaf: True)  # its state keeps no output of this call (holding)
+    # JAX arrays where host code made some
+    return remainder, [np.asarray(v) if isinstance(v, jax.Array) else v for v in values]
 
 
 # How a value saved on ctx by a host forward crosses to backward. Everything numeric crosses

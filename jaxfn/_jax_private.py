@@ -131,33 +131,31 @@ def _jit_keyed_setting(name: str, help: str) -> Any:
     return _bool_state(name, False, help=help, include_in_jit_key=True, include_in_trace_context=True)
 
 
-_ANOMALY = _jit_keyed_setting(
+anomaly_context = _jit_keyed_setting(  # with anomaly_context(True): ...
     "jaxfn_detect_anomaly",
     "jaxfn: check every jaxfn function's outputs and gradients for NaN/Inf (jaxfn.detect_anomaly)",
 )
-anomaly_context = _ANOMALY  # with anomaly_context(True): ...
 
 
 def anomaly_on() -> bool:
     """Whether jaxfn's anomaly-detection state is on here (a context, or the whole program)."""
-    return bool(_ANOMALY.value)
+    return bool(anomaly_context.value)
 
 
 def set_anomaly(value: bool) -> None:
     """Set the state for the whole program."""
-    _ANOMALY._set(value)
+    anomaly_context._set(value)
 
 
-_PLAIN_FORWARD = _jit_keyed_setting(
+plain_forward_context = _jit_keyed_setting(  # with plain_forward_context(True): ...
     "jaxfn_plain_forward",
     "jaxfn: jaxfn functions run their forward's operations with no custom rule (jaxfn's checks inside)",
 )
-plain_forward_context = _PLAIN_FORWARD  # with plain_forward_context(True): ...
 
 
 def plain_forward_on() -> bool:
     """Whether jaxfn functions run as plain forward code here (``_rule.plain_forward``)."""
-    return bool(_PLAIN_FORWARD.value)
+    return bool(plain_forward_context.value)
 
 
 # JAX's own report of what a differentiation keeps (jax.ad_checkpoint.print_saved_residuals prints it):

@@ -9,8 +9,8 @@ an implementation (``expand``), reverse mode (``vjp_fwd``/``vjp_bwd_retval``), f
 
 The rules, each on one call's flat arrays (``_Rules``):
 
-* ``primal``: forward's outputs (``_rule.primal``);
-* ``fwd``/``bwd``: reverse mode, from the user's backward through ``_rule.reverse``
+* ``primal``: forward's outputs (``_rule.Rule.primal``);
+* ``fwd``/``bwd``: reverse mode, from the user's backward through ``_rule.Rule``
   (forward's context crosses as residuals, its static part per trace in ``_rule.Traces``);
 * ``jvp``: forward mode as ``_forward_mode`` builds it (``_forward_mode.jvp_rule``, one rule for
   both forward-mode builders): the user's ``jvp(ctx, *tangents)``, reading what forward saved
@@ -195,32 +195,20 @@ def build(definition: _rule.Definition, args: Arguments, forward_mode: bool = Fa
     ``forward_mode``: derive the jvp rule from backward where the user gave none. ``args`` is the
     call without its arrays.
     """
-    jvp = _forward_mode.jvp_rule(definition, args, derive=forward_mode)
-
-    def primal(*arrays: Any) -> tuple[tuple[Any, ...], Described]:
-        out, info = _rule.primal(definition, args, arrays)
-        return tuple(out), Described(info)
+    rule = _rule.Rule(definition, args)  # every builder's rule: reverse mode from the user's backward
+    jvp = _forward_mode.jvp_rule(rule, derive=forward_mode)
 
     def call(*arrays: Any) -> Any:
-        shapes, output = jax.eval_shape(primal, *arrays)  # the output's description rides along
+        shapes, output = jax.eval_shape(rule.primal, *arrays)  # the output's description rides along
         info = output.info
-        # reverse mode from the user's backward: _reverse_mode's rule
-        forward, backward = _rule.reverse(definition, args)
 
         def fwd(perturbed: tuple[bool, ...], *arrays: Any, again: Any = None) -> tuple[tuple[Any, ...], Any]:
-            out, seen, residuals = forward(arrays, perturbed, again)
-            _rule.check_same_output(definition.name, info, seen)
+            out, _, residuals = rule.forward(arrays, perturbed, again)
             return tuple(out), residuals
 
-        def checked_jvp(primals: tuple[Any, ...], tangents: list[Any], again: Any = None) -> Any:
-            out, seen, computed = jvp(primals, tangents, again)
-            _rule.check_same_output(definition.name, info, seen.info)
-            return out, seen, computed
-
         vmap = _user_vmap(definition, args, info)
-        bwd = lambda residuals, cotangents: backward(residuals, cotangents)[0]
         has_forward_mode = forward_mode or definition.jvp is not None
-        rules = _Rules(definition.name, primal, fwd, bwd, checked_jvp, has_forward_mode, vmap)
+        rules = _Rules(definition.name, rule.primal, fwd, rule.backward, jvp, has_forward_mode, vmap)
         in_avals = tuple(jax.typeof(a) for a in arrays)
         out_avals = tuple(map(_jax_private.aval_of, shapes))  # inside shard_map: varying as forward's outputs
         return info.rebuild(_Primitive(rules, in_avals, out_avals)(*arrays))

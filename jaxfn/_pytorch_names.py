@@ -1,11 +1,14 @@
 """What ported code raises inside forward and backward, said in jaxfn's words: PyTorch's tensor methods
-with their JAX and NumPy spellings (one table), and a Python flag that ``jax.jit`` traced, by name.
+with their JAX and NumPy spellings (one table), and JAX's tracer errors (a Python flag that ``jax.jit``
+traced, by name).
 
 A PyTorch habit on a JAX array (``x.cpu()``, ``x.le(0)``, ``x.sum(dim=1)``, ``x.mul_(2)``), or on
 a host function's NumPy array (``z.data.cpu()``: NumPy's ``.data`` is a ``memoryview``), raises
 Python's ``AttributeError`` or ``TypeError``; :func:`call` raises jaxfn's error instead, naming the
-function, the method and how JAX (or NumPy) spells it, chained ``from`` Python's. Anything else
-passes through unchanged.
+function, the method and how JAX (or NumPy) spells it, chained ``from`` Python's. A tracer error
+under a trace (an ``if`` on an array, ``float(x)``, NumPy on a traced array, ``jnp.nonzero(mask)``
+without a size) gets what the code did and its fix, naming forward's argument where it is one.
+Anything else passes through unchanged.
 """
 
 from __future__ import annotations
@@ -28,14 +31,11 @@ import numpy as np
 
 from . import _jax_private
 from ._errors import (
-    TRACER_ERRORS,
     ArrayAttributeError,
     AutogradFunctionError,
     AutogradFunctionTypeError,
     AutogradFunctionValueError,
-    compaction_help,
     error,
-    tracer_error_help,
 )
 
 
@@ -104,7 +104,7 @@ def translate(role: str, err: BaseException, parameters: Parameters) -> tuple[ty
         return None
     # the kind of the user's error: `except ValueError` still catches a ValueError's (no tracer error is one)
     kind = AutogradFunctionValueError if isinstance(err, ValueError) else AutogradFunctionTypeError
-    if isinstance(err, TRACER_ERRORS):  # under a trace (an eager call's are the user's own, unchanged)
+    if isinstance(err, _TRACER_ERRORS):  # under a trace (an eager call's are the user's own, unchanged)
         sentence = None if _jax_private.outside_traces(()) else _tracer_help(role, err, parameters)
     elif isinstance(err, AttributeError):
         kind = ArrayAttributeError
@@ -138,19 +138,122 @@ def _user_trace(err: BaseException) -> TracebackType | None:
     return user
 
 
+_WHY = (
+    "under jax.jit (and jax.vmap, lax.scan, jax.checkpoint) {role} runs on tracers, abstract arrays whose values "
+    "are known only when the compiled program runs"
+)
+# A tracer error raised inside the user's forward or backward (a Python if on an array's value,
+# float(x), NumPy on a traced array) under jax.jit: what the user did, in jaxfn's words.
+_WHAT = {
+    # if x > 0:, while, and/or, assert on an array
+    jax.errors.TracerBoolConversionError: "used the value of an array as a Python bool (an if, while, and/or or "
+    "assert on an array)",
+    # int(x), operator.index(x), a list indexed by an array
+    jax.errors.TracerIntegerConversionError: "used the value of an array as a Python int (int(), or an array as "
+    "an index into a list or tuple)",
+    # np.asarray(x), a NumPy function, x.tolist()
+    jax.errors.TracerArrayConversionError: "handed an array to NumPy (np.asarray, a NumPy function, .tolist())",
+    # float(x), x.item(), a traced value as a shape (and its subclass above, TracerBoolConversionError)
+    jax.errors.ConcretizationTypeError: "read the concrete value of an array (float(), .item(), or an array "
+    "value used as a shape, a size or a static argument)",
+    # x[x < 0], x.at[x < 0].set(0): an index whose size is the data's
+    jax.errors.NonConcreteBooleanIndexError: "indexed an array with a boolean mask (x[x < 0], x.at[x < 0].set(0)), "
+    "whose result's size depends on the values",
+}
+_TRACER_ERRORS = tuple(_WHAT)
+_FIX = {
+    jax.errors.NonConcreteBooleanIndexError: "for a masked update or read, use jnp.where in place of the mask: a "
+    "masked update (R's x[x < 0] <- 0) is jnp.where(x < 0, 0, x), a masked read (x[x > 0].sum()) is "
+    "jnp.where(x > 0, x, 0).sum(); for a compaction whose rows are the output (x[mask] returned, "
+    "x.masked_select(mask)), give the output a fixed size n (an upper bound, such as mask.size) and pad it: "
+    "(i,) = jnp.nonzero(mask, size=n, fill_value=0); rows = jnp.where((jnp.arange(n) < mask.sum())[:, None], "
+    "x[i], 0), and return mask.sum() too if the caller needs the count",
+    jax.errors.TracerArrayConversionError: "use jax.numpy instead of NumPy, or make it host code with "
+    "host=True (autograd_function(..., host=True), or host = True on a jaxfn.Function), which runs NumPy "
+    "forward and backward through jax.pure_callback",
+}
+_VMAP_RULE_NUMPY = (
+    "a vmap rule runs as JAX code on the batched arrays, a host=True function's too (as PyTorch's runs as Python "
+    "over batched tensors): call the function itself on them (its .apply, one host call for the whole batch) or "
+    "use jax.numpy"
+)
+_DEFAULT_FIX = (
+    "keep values as arrays: branch with jnp.where(condition, a, b) or jax.lax.cond, convert with x.astype(...); "
+    "where the value comes from a Python flag or number passed through jax.jit (traced, so an array too), mark "
+    "that argument static where jax.jit is applied: jax.jit(f, static_argnames=('name',)) or "
+    "static_argnums=(position,); for NumPy code, use host=True"
+)
+_STATIC_FIX = (
+    "but '{name}' is traced ({aval}), an abstract array whose value is known only when the compiled program runs "
+    "(a Python flag or number passed through jax.jit arrives so); mark it static where jax.jit is applied: "
+    "jax.jit(f, static_argnames=('{name}',)) (by the name the jitted f gives it) or static_argnums=(its "
+    "position,){differentiated}"
+)
+_IF_DIFFERENTIATED = (
+    "; if it is a value being differentiated, keep it an array instead: jnp.where(condition, a, b) or jax.lax.cond"
+)
+_VMAP_FIX = (
+    "but jax.vmap batches '{name}' ({aval} per example), so it is an abstract array holding one value per example; "
+    "pass it unbatched where jax.vmap is applied (in_axes=None for it, when every example shares it), or keep it an "
+    "array and branch with jnp.where(condition, a, b) or jax.lax.cond"
+)
+_LOOP_FIX = (
+    "but '{name}' is traced by a JAX loop ({aval}: a lax.fori_loop index, or a value lax.scan or lax.while_loop "
+    "carries or hands out), an abstract array whose value is known only when the loop runs; branch with "
+    "jnp.where(condition, a, b) or jax.lax.cond, or, where it must be a Python value, loop in Python (for i in "
+    "range(n): ...) so that it is one"
+)
+_TRACED_FIX = (
+    "but '{name}' is traced ({aval}), an abstract array whose value is known only when the program runs; keep it an "
+    "array and branch with jnp.where(condition, a, b) or jax.lax.cond; or, where it is a Python flag or number that "
+    "a transformation traced, pass it as one: static where jax.jit is applied (jax.jit(f, "
+    "static_argnames=('{name}',))), unbatched where jax.vmap is (in_axes=None for it), or a Python loop's index in "
+    "place of a lax loop's"
+)
+_COMPACTION = (
+    "{role} called {called}, whose output's size depends on the values (a compaction: which entries are kept), but "
+    "{why}, and each array's shape must be known before its values are; give it a fixed size n, an upper bound (such "
+    "as mask.size): {called}(..., {keyword}=n{fill}){example}, then tell the padding from the entries by their count "
+    "(mask.sum() for a mask): jnp.where(jnp.arange(n) < count, rows, 0), and return the count too if the caller "
+    "needs it"
+)
+
+
 def _tracer_help(role: str, err: BaseException, parameters: Parameters) -> str:
-    """The sentence for a tracer error under a trace (``translate`` checks): the fixed size for a
-    compaction (``jnp.nonzero(mask)``, ``jnp.unique(x)``...); else the one naming forward's
-    argument whose value JAX was asked for, where it is known (a traced scalar, the very value
-    forward got); else the general one."""
+    """The sentence for a tracer error (one of ``_TRACER_ERRORS``) raised in the user's ``role``
+    under a trace (``translate`` checks): the fixed size for a compaction (``jnp.nonzero(mask)``,
+    ``jnp.unique(x)``...); else, where the value JAX was asked for is one of forward's arguments
+    (a traced scalar, the very value forward got), the one naming it with the fix for what traced
+    it (``_jax_private.traced_by``: 'jit', ``static_argnames``; 'vmap', ``in_axes=None``; 'loop',
+    a Python loop or ``jnp.where``; not known, every fix); else the general one."""
     found = _jax_private.sized_by_values(err)
     if found is not None:
-        return compaction_help(role, *found)
+        return _compaction_help(role, *found)
+    kind = next(k for k in type(err).__mro__ if k in _WHAT)
+    did, why = f"{role} {_WHAT[kind]}", _WHY.format(role=role)
+    if role == "vmap" and kind is jax.errors.TracerArrayConversionError:  # host=True's too: a rule runs as JAX code
+        return f"{did}, but {why}; {_VMAP_RULE_NUMPY}"
     tracer = _jax_private.concretized(err)
     named = [name for name, value in zip(*parameters) if value is tracer]
-    if len(named) == 1 and getattr(tracer, "shape", None) == ():  # one of forward's arguments, a traced scalar
-        return tracer_error_help(role, err, (named[0], tracer), _jax_private.traced_by(tracer))
-    return tracer_error_help(role, err)
+    if len(named) != 1 or getattr(tracer, "shape", None) != () or kind is jax.errors.NonConcreteBooleanIndexError:
+        return f"{did}, but {why}; {_FIX.get(kind, _DEFAULT_FIX)}"
+    flag = jax.numpy.issubdtype(tracer.dtype, jax.numpy.integer) or jax.numpy.issubdtype(tracer.dtype, jax.numpy.bool_)
+    traced_by = _jax_private.traced_by(tracer)
+    template = {"jit": _STATIC_FIX, "vmap": _VMAP_FIX, "loop": _LOOP_FIX}.get(traced_by or "", _TRACED_FIX)
+    fix = template.format(name=named[0], aval=f"{tracer.dtype}[]", differentiated="" if flag else _IF_DIFFERENTIATED)
+    return f"{did}: its argument '{named[0]}', {fix}"
+
+
+def _compaction_help(role: str, called: str, keyword: str) -> str:
+    """The sentence for a function whose output's size depends on the values (``called``:
+    ``jnp.nonzero``, ``jnp.argwhere``, ``x.nonzero``, ``jnp.unique``...) run in the user's ``role``
+    under a trace, with the ``keyword`` that fixes its size (``size``; ``length`` for bincount)."""
+    fill = ", fill_value=..." if keyword == "size" else ""
+    example = ""
+    if called.endswith(("nonzero", "where", "argwhere", "flatnonzero")):
+        example = " (for a 1-D mask: (i,) = jnp.nonzero(mask, size=n, fill_value=0), then x[i])"
+    why = _WHY.format(role=role)
+    return _COMPACTION.format(role=role, called=called, why=why, keyword=keyword, fill=fill, example=example)
 
 
 def _method_help(role: str, name: str | None, obj: Any) -> str | None:

@@ -1,6 +1,6 @@
 """The default builder: one ``jax.custom_vjp`` for one call's static structure.
 
-Reverse mode is the rule's own (``_rule.reverse``, which ``_primitive`` uses too): each trace's
+Reverse mode is the rule's own (``_rule.Rule``, which ``_primitive`` uses too): each trace's
 static state (the context's remainder, the output's description) is kept in ``_rule.Traces`` and
 found again by ``bwd`` through a zero-size residual.
 
@@ -20,12 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax.core import Tracer
 from jax.custom_derivatives import CustomVJPPrimal
 
 from . import _jax_private, _rule, _tie
 from ._arguments import Arguments
-from ._outputs import Described, Outputs
+from ._outputs import Described
 
 # JAX's custom_vjp reads the signature of its three functions (inspect.signature) on every call,
 # to name arguments in its messages. Each function's own signature, read once per ``def`` (its
@@ -53,32 +52,24 @@ def build(definition: _rule.Definition, args: Arguments) -> Callable[..., Any]:
     ``args`` is the call without its arrays (``Arguments.structure``): the rule keeps no
     reference to a call's arrays.
     """
-    forward, backward = _rule.reverse(definition, args)
-    primal_infos: list[Outputs] = []  # the primal's last: only to check fwd's output against it, naming the function
+    rule = _rule.Rule(definition, args)
 
     @jax.custom_vjp
     @_signed
     def primal(*arrays: Any) -> Any:
-        out, info = _rule.primal(definition, args, arrays)
-        primal_infos[:] = [info]
-        return tuple(out), Described(info)
+        return rule.primal(*arrays)
 
     def fwd(*primals: CustomVJPPrimal) -> tuple[Any, Any]:
         arrays = [p.value for p in primals]
-        again = None
-        if any(isinstance(a, Tracer) for a in arrays):  # an outer differentiation goes through backward
-            if _jax_private.custom_vjp3():  # JAX's hijax custom_vjp refuses the jvp that the tie needs
-                # out's own derivative (forward's operations) is never used: stopped, so never traced
-                again = lambda out: tied()(tuple(arrays), tuple(jax.lax.stop_gradient(o) for o in out))
-            else:
-                again = lambda out: _tie.tie(arrays_out, tuple(arrays), tuple(out))
-        out, info, residuals = forward(arrays, [p.perturbed for p in primals], again)  # its trace's token first
-        if primal_infos:
-            _rule.check_same_output(definition.name, primal_infos[-1], info)
+        again = _tie.again_on(arrays_out, arrays)  # an outer differentiation goes through backward
+        if again is not None and _jax_private.custom_vjp3():  # JAX's hijax custom_vjp refuses the tie's jvp
+            # out's own derivative (forward's operations) is never used: stopped, so never traced
+            again = lambda out: tied()(tuple(arrays), tuple(jax.lax.stop_gradient(o) for o in out))
+        out, info, residuals = rule.forward(arrays, [p.perturbed for p in primals], again)  # its trace's token first
         return (tuple(out), Described(info)), residuals
 
     def bwd(residuals: Any, cotangents: Any) -> tuple[Any, ...]:
-        return tuple(backward(residuals, cotangents[0])[0])
+        return tuple(rule.backward(residuals, cotangents[0]))
 
     primal.defvjp(_signed(fwd), _signed(bwd), symbolic_zeros=True)
 

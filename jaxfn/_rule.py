@@ -218,32 +218,57 @@ def varying_axes(array: Any) -> frozenset[str]:
     return frozenset(manual.varying) if manual is not None else frozenset(getattr(aval, "vma", ()))
 
 
-def reverse(definition: Definition, args: Arguments) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """Reverse mode on one call's flat arrays, as ``_reverse_mode`` and ``_primitive`` use it:
-    ``forward(arrays, perturbed, again=None) -> (outputs, info, residuals)`` runs the user's
-    forward with a fresh context whose arrays cross as residuals (named, ``_saves``) and whose
-    static part is kept per trace (``again``: see ``outputs_again``); ``backward(residuals,
-    cotangents) -> (one cotangent or None per array input, the inputs' shapes and dtypes)`` runs
-    the user's backward on the context rebuilt."""
-    traces = Traces()
+class Rule:
+    """One call structure's rule on flat arrays, as every builder uses it.
 
-    def forward(arrays: Any, perturbed: Any, again: Any = None) -> tuple[list[Any], _outputs.Outputs, Any]:
-        ctx, out, info = run_forward(definition, args, arrays, perturbed)
+    ``primal(*arrays) -> (outputs, Described(info))``: forward alone, what a call that nothing
+    differentiates needs. ``forward(arrays, perturbed, again=None, for_jvp=False) -> (outputs,
+    info, residuals)`` runs the user's forward with a fresh context whose arrays cross as
+    residuals (named, ``_saves``) and whose static part is kept per trace (``Traces``; ``again``:
+    see ``outputs_again``; ``for_jvp``: the context a user's jvp reads crosses too, for
+    ``jvp_context``); its output must be as the primal's last, or it is refused in jaxfn's words
+    (JAX's custom rules would fail on it, or assert). ``backward(residuals, cotangents) -> one
+    cotangent or None per array input`` runs the user's backward on the context rebuilt.
+    """
+
+    def __init__(self, definition: Definition, args: Arguments):
+        self.definition, self.args = definition, args
+        self._traces = Traces()
+        self._primal_info: _outputs.Outputs | None = None  # the primal's last: only to check forward's against it
+
+    def primal(self, *arrays: Any) -> tuple[tuple[Any, ...], _outputs.Described]:
+        out, self._primal_info = primal(self.definition, self.args, arrays)
+        return tuple(out), _outputs.Described(self._primal_info)
+
+    def forward(
+        self, arrays: Any, perturbed: Any, again: Any = None, for_jvp: bool = False
+    ) -> tuple[list[Any], _outputs.Outputs, Any]:
+        ctx, out, info = run_forward(self.definition, self.args, arrays, perturbed)
+        if self._primal_info is not None and not self._primal_info.same_arrays_as(info):
+            raise error(AutogradFunctionTypeError, self.definition.name, OUTPUT_DIFFERS)
         saved, remainder = ctx.to_residuals()
+        # what the user's jvp reads (ctx.save_for_forward, attributes), its arrays as residuals too:
+        # nothing crosses into the tangent map from this trace but through them
+        view, view_remainder = _context.for_jvp(ctx).to_residuals() if for_jvp else ([], None)
         passed = _saves.passed_through(saved, arrays)
         if again is not None:  # outputs an outer differentiation sees; saved outputs become them too
-            out, (saved,) = outputs_again(again, out, saved)
-        saved = _saves.named(definition.name, saved, remainder, passed)
-        token = traces.token((remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying_per_array(arrays)))
-        return out, info, (saved, token)
+            out, (saved, view) = outputs_again(again, out, saved, view)
+        named = _saves.named(saved, remainder, passed)
+        by_id = {id(a): n for a, n in zip(saved, named)}  # an array saved for both is kept once
+        state = (remainder, view_remainder, info, _arguments.shape_dtypes(arrays), perturbed, varying_per_array(arrays))
+        return out, info, (named, [by_id.get(id(a), a) for a in view], self._traces.token(state))
 
-    def backward(residuals: Any, cotangents: Any) -> tuple[list[Any], list[Any]]:
-        saved, token = residuals
-        remainder, info, avals, perturbed, varying = traces[token]
+    def backward(self, residuals: Any, cotangents: Any) -> list[Any]:
+        saved, _, token = residuals
+        remainder, _, info, avals, perturbed, varying = self._traces[token]
         ctx = Context.from_residuals(saved, remainder)
-        return run_backward(definition, args, ctx, info, list(cotangents), avals, list(perturbed), varying), avals
+        return run_backward(self.definition, self.args, ctx, info, list(cotangents), avals, list(perturbed), varying)
 
-    return forward, backward
+    def jvp_context(self, residuals: Any) -> Context:
+        """The context a user's jvp reads, from ``forward``'s residuals (with ``for_jvp``)."""
+        _, view, token = residuals
+        _, view_remainder, *_ = self._traces[token]
+        return Context.from_residuals(list(view), view_remainder)
 
 
 def run_forward(
@@ -346,7 +371,7 @@ def run_backward(
     if varying:
         _check_varying(definition.name, args, cotangents, varying)
     if _anomaly.enabled():
-        _anomaly.check(definition.name, "backward", list(zip(_array_paths(args), cotangents)))
+        _anomaly.check(definition.name, "backward", list(zip(args.array_paths, cotangents)))
     return cotangents
 
 
@@ -359,7 +384,7 @@ def _check_varying(name: str, args: Arguments, cotangents: list[Any], varying: t
     """Inside ``jax.shard_map`` a gradient must vary over the mesh axes its input varies over: one
     that does not was summed over devices already (a ``lax.psum`` in backward), which JAX refuses
     with its own words (jaxfn's sum over devices would count it once per device)."""
-    for path, cotangent, axes in zip(_array_paths(args), cotangents, varying):
+    for path, cotangent, axes in zip(args.array_paths, cotangents, varying):
         missing = axes - varying_axes(cotangent) if cotangent is not None else frozenset()
         if missing:
             raise error(
@@ -374,24 +399,12 @@ def _check_varying(name: str, args: Arguments, cotangents: list[Any], varying: t
             )
 
 
-def _array_paths(args: Arguments) -> list[str]:
-    """Each array input's name in messages ('x', "params['w']")."""
-    return [args.paths[i] for i in args.array_positions]
-
-
 OUTPUT_DIFFERS = (
     "forward's output must be the same whatever is differentiated, but it differs between a trace where "
     "no input is differentiated and one where some are (its shapes, dtypes or structure depend on "
     "ctx.needs_input_grad); return the same output in every case, and use needs_input_grad only to choose "
     "what to save"
 )
-
-
-def check_same_output(name: str, primal: _outputs.Outputs, seen: _outputs.Outputs) -> None:
-    """Forward's output where something is differentiated (``seen``) must be as where nothing is
-    (``primal``): refused otherwise, in jaxfn's words (JAX's custom rules would fail on it, or assert)."""
-    if not primal.same_arrays_as(seen):
-        raise error(AutogradFunctionTypeError, name, OUTPUT_DIFFERS)
 
 
 FORWARD_MODE_HELP = (

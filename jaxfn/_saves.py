@@ -47,15 +47,16 @@ def passed_through(saved: list[Any], inputs: Any) -> list[bool]:
     return [id(a) in ids for a in saved]
 
 
-def named(function: str, saved: list[Any], remainder: Remainder, passed: list[bool]) -> list[Any]:
-    """The residuals of one call, each under its name (``passed``: per residual, whether it is an
-    input passed through); recorded when ``saved`` is reporting."""
+def named(saved: list[Any], remainder: Remainder, passed: list[bool]) -> list[Any]:
+    """The residuals of one call, each under its name, ``"<function>.<save>"`` (both read from
+    ``remainder``; ``passed``: per residual, whether it is an input passed through); recorded
+    when ``saved`` is reporting."""
     if not available():
         return saved  # jax 0.10 with jax_remat3 on: JAX's checkpoint_name fails under vmap, so no names
-    names = [f"{function}.{save}" for save in remainder.save_names]
+    names = [f"{remainder.state.function}.{save}" for save in remainder.save_names]
     records = getattr(_COLLECTING, "records", None)
     for name, save, is_input in zip(names, remainder.save_names, passed):
-        entry = _KNOWN[name] = (function, save, is_input)
+        entry = _KNOWN[name] = (remainder.state.function, save, is_input)
         if records is not None:
             records.setdefault(name, []).append(entry)
     return [checkpoint_name(value, name) for value, name in zip(saved, names)]

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.core import Tracer
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir  # batching: not_mapped is None there
 
@@ -29,6 +30,15 @@ _tie_p.multiple_results = True
 def tie(rule: Callable[..., tuple[Any, ...]], arrays: tuple[Any, ...], out: tuple[Any, ...]) -> tuple[Any, ...]:
     """``out``, differentiated as ``rule(*arrays)`` (see the module docstring)."""
     return tuple(_tie_p.bind(*arrays, *out, count=len(arrays), rule=rule))
+
+
+def again_on(rule: Callable[..., tuple[Any, ...]], arrays: Any) -> Callable[[Any], tuple[Any, ...]] | None:
+    """A builder's ``again`` (``_rule.outputs_again``) for these arrays: on an outer trace's
+    tracers, forward's outputs tied to ``rule`` (the builder's own custom function of the arrays),
+    so that an outer differentiation goes through it; else None."""
+    if not any(isinstance(a, Tracer) for a in arrays):
+        return None
+    return lambda out: tie(rule, tuple(arrays), tuple(out))
 
 
 def _identity(*values: Any, count: int, rule: Any) -> tuple[Any, ...]:
