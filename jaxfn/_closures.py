@@ -61,21 +61,34 @@ def _in_arguments(name: str, arguments: _arguments.Arguments) -> _arguments.Argu
     return arguments.replacing(closures) if closures else arguments
 
 
+VMAP_RULE_HELP = (
+    "it has a vmap rule, so it runs as one JAX primitive, whose forward, backward and rules can read only the "
+    "function's arguments, but one of them reads a value that JAX is tracing (under jax.jit, jax.vmap, lax.scan or "
+    "a differentiation) from outside its arguments; pass that value to the function as an argument (the vmap rule "
+    "then gets its batch dimension in in_dims, and backward returns its gradient)"
+)
+
+
 def _refuse_hidden(name: str, arguments: _arguments.Arguments, user: tuple[Any, ...]) -> None:
     """A value being differentiated that the user's functions, or the call's static values, still
     hold (not the call's own arrays, which now include what was made parameters and closures)
-    would lose its gradient: refused."""
+    would lose its gradient: refused. With a vmap rule (``user[3]``), any traced value held is
+    refused: the primitive would carry it out of its trace."""
     held = [f for f in user if not _tracers.holds_nothing(f)]
     if not held and all(arguments.is_array):  # the common call: nothing to look inside
         return
-    if _tracers.holds_tracer((held, arguments.statics), _outside(arguments)):
-        raise error(AutogradFunctionTypeError, name, CLOSURE_HELP)
+    primitive = user[3] is not None
+    if _tracers.holds_tracer((held, arguments.statics), _outside(arguments, every_trace=primitive)):
+        raise error(AutogradFunctionTypeError, name, VMAP_RULE_HELP if primitive else CLOSURE_HELP)
 
 
-def _outside(arguments: _arguments.Arguments) -> Callable[[Any], bool]:
-    """Whether a tracer is a value being differentiated other than the call's own arrays (which a
-    function may hold: a method of a module holding its own parameters, a closure reading an argument)."""
+def _outside(arguments: _arguments.Arguments, every_trace: bool = False) -> Callable[[Any], bool]:
+    """Whether a tracer is a value being differentiated (any traced value, ``every_trace``) other
+    than the call's own arrays (which a function may hold: a method of a module holding its own
+    parameters, a closure reading an argument)."""
     own = {id(a) for a in arguments.arrays}
+    if every_trace:
+        return lambda tracer: id(tracer) not in own
     return lambda tracer: _jax_private.is_differentiating_tracer(tracer) and id(tracer) not in own
 
 

@@ -10,10 +10,12 @@ host builder runs them through its own callbacks, probe and checks (``_host``, `
   input JAX differentiates (``ctx.needs_input_grad``: the others cost nothing) and contracts the
   differences with ``grad_output``: 2n runs of forward for n elements;
 * the jvp rule, in one host call, runs forward at ``x + s·t`` and ``x - s·t``: 2 runs per tangent;
-* the step of an element ``x`` is ``cbrt(eps)·max(1, |x|)``, ``eps`` its dtype's machine epsilon,
-  which balances a central difference's truncation error (``h²``) against its rounding error
-  (``eps/h``): both are about ``eps^(2/3)``, relative to the function's scale. Along a tangent
-  ``t`` the step ``s`` is the largest that moves no element by more than its own step.
+* the step of an element ``x`` is ``cbrt(eps)·max(1, |x|)``, ``eps`` the larger machine epsilon of
+  its dtype and of the floating outputs' (an output rounded coarser than the input, float16 from
+  float32, rounds the differences at its own precision), which balances a central difference's
+  truncation error (``h²``) against its rounding error (``eps/h``): both are about ``eps^(2/3)``,
+  relative to the function's scale. Along a tangent ``t`` the step ``s`` is the largest that moves
+  no element by more than its own step.
 
 Each perturbed run of forward gets a fresh context (``_rule.forward_with_context``), as a call
 does. Integer inputs are never perturbed; integer outputs carry no gradient, so their values at
@@ -127,10 +129,17 @@ def _wanted(args: Arguments, needs: tuple[bool, ...]) -> list[bool]:
     return [per_leaf[p] and args.kinds[p] == DIFF for p in args.array_positions]
 
 
-def _steps(x: np.ndarray) -> np.ndarray:
-    """Each element's step: ``cbrt(eps)·max(1, |x|)``, ``eps`` of ``x``'s dtype (in float64)."""
-    eps = float(jnp.finfo(x.dtype).eps)
+def _steps(x: np.ndarray, outputs_eps: float) -> np.ndarray:
+    """Each element's step: ``cbrt(eps)·max(1, |x|)``, ``eps`` the larger of ``x``'s dtype's and
+    the outputs' (``outputs_eps``) machine epsilon (in float64)."""
+    eps = max(float(jnp.finfo(x.dtype).eps), outputs_eps)
     return np.cbrt(eps) * np.maximum(1.0, np.abs(x.astype(np.float64)))
+
+
+def _eps(leaves: Any) -> float:
+    """The largest machine epsilon among the floating arrays of ``leaves`` (0 if none)."""
+    floats = [leaf.dtype for leaf in jax.tree_util.tree_leaves(leaves) if jnp.issubdtype(leaf.dtype, jnp.floating)]
+    return max((float(jnp.finfo(dtype).eps) for dtype in floats), default=0.0)
 
 
 def _run(user: _rule.Definition, args: Arguments, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
@@ -148,7 +157,8 @@ def _backward(user: _rule.Definition, ctx: Context, grad_outputs: tuple[Any, ...
     arrays = [np.asarray(a) for a in args.arrays]
     read = _Cotangents(user.name, grad_outputs)
     wanted = _wanted(args, tuple(ctx.needs_input_grad))
-    grads = [_gradient(user, args, arrays, k, read) if w else None for k, w in enumerate(wanted)]
+    outputs_eps = _eps([np.asarray(g) for g in jax.tree_util.tree_leaves(grad_outputs)])  # the outputs' dtypes
+    grads = [_gradient(user, args, arrays, k, read, outputs_eps) if w else None for k, w in enumerate(wanted)]
     return dict(zip(args.names, args.parameters(grads)))
 
 
@@ -175,11 +185,11 @@ class _Cotangents:
 
 
 def _gradient(
-    user: _rule.Definition, args: Arguments, arrays: list[np.ndarray], k: int, read: _Cotangents
+    user: _rule.Definition, args: Arguments, arrays: list[np.ndarray], k: int, read: _Cotangents, outputs_eps: float
 ) -> np.ndarray:
     """The gradient for input ``k``: 2 runs of forward per element."""
     x = arrays[k]
-    steps = _steps(x)
+    steps = _steps(x, outputs_eps)
     ups = (x.astype(np.float64) + steps).astype(x.dtype)
     downs = (x.astype(np.float64) - steps).astype(x.dtype)
     widths = ups.astype(np.float64) - downs.astype(np.float64)  # the steps as the dtype holds them
@@ -230,12 +240,20 @@ def _jvp(user: _rule.Definition, ctx: Context, tangents: tuple[Any, ...]) -> Any
         for k, p in enumerate(args.array_positions)
         if args.kinds[p] == DIFF and by_leaf[p] is not None
     ]
-    step = _step_along(arrays, moved)
-    ups, downs = list(arrays), list(arrays)
-    for k, t in moved:
-        x = arrays[k].astype(np.float64)
-        ups[k], downs[k] = (x + step * t).astype(arrays[k].dtype), (x - step * t).astype(arrays[k].dtype)
-    (up, up_out), (down, _) = _run(user, args, ups), _run(user, args, downs)
+
+    def runs(step: float) -> tuple[tuple[list[np.ndarray], Any], tuple[list[np.ndarray], Any]]:
+        ups, downs = list(arrays), list(arrays)
+        for k, t in moved:
+            x = arrays[k].astype(np.float64)
+            ups[k], downs[k] = (x + step * t).astype(arrays[k].dtype), (x - step * t).astype(arrays[k].dtype)
+        return _run(user, args, ups), _run(user, args, downs)
+
+    step = _step_along(arrays, moved, 0.0)
+    (up, up_out), (down, _) = runs(step)
+    coarser = _step_along(arrays, moved, _eps(up))
+    if coarser > step:  # outputs rounded coarser than the inputs: again, at the step for their precision
+        step = coarser
+        (up, up_out), (down, _) = runs(step)
     if len(up) != len(down) or any(u.shape != d.shape for u, d in zip(up, down)):
         raise error(AutogradFunctionTypeError, user.name, _CHANGED)
     out = [
@@ -247,8 +265,9 @@ def _jvp(user: _rule.Definition, ctx: Context, tangents: tuple[Any, ...]) -> Any
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(up_out), out)
 
 
-def _step_along(arrays: list[np.ndarray], moved: list[tuple[int, np.ndarray]]) -> float:
+def _step_along(arrays: list[np.ndarray], moved: list[tuple[int, np.ndarray]], outputs_eps: float) -> float:
     """The largest ``s`` with ``s·|t| <= cbrt(eps)·max(1, |x|)`` for every element (1 if ``t`` is 0):
     along a unit tangent, the step backward takes for that element."""
-    ratios = [float(np.min(_steps(arrays[k])[t != 0] / np.abs(t[t != 0]))) for k, t in moved if np.any(t != 0)]
+    steps = [_steps(arrays[k], outputs_eps) for k, _ in moved]
+    ratios = [float(np.min(h[t != 0] / np.abs(t[t != 0]))) for h, (_, t) in zip(steps, moved) if np.any(t != 0)]
     return min(ratios) if ratios else 1.0

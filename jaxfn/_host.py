@@ -162,7 +162,10 @@ class HostFunction:
     # -- probes and callbacks ----------------------------------------------------------------
     def _probe(self, args: Arguments, arrays: Any, flags: tuple[bool, ...]) -> _Probe:
         """The probe of this signature (its strict key, its arrays' shapes and dtypes as JAX holds
-        them, flags, x64), run once; on each call where the call has no key."""
+        them, flags, x64), run once; on each call where the call has no key. Under ``jax.export``
+        refused first (before the probe, which can't run on symbolic shapes)."""
+        if _jax_private.inside_export():
+            raise error(AutogradFunctionTypeError, self.definition.name, _EXPORT)
         dtypes = _numpy_dtypes(self.definition.name, args, arrays)
         avals = tuple(jax.ShapeDtypeStruct(np.shape(a), d) for a, d in zip(arrays, dtypes))
         try:
@@ -294,6 +297,14 @@ def _run_probe(definition: _rule.Definition, args: Arguments, avals: Any, flags:
         f"{type(last).__name__}: {last}); make forward accept such inputs (it may branch on them; the Python "
         "values are the call's own), or call it outside transformations, where forward runs on the values given",
     ) from last
+
+
+_EXPORT = (
+    "it runs code on the host (host=True: NumPy or SciPy code, or a PyTorch Function through jaxfn.from_torch), "
+    "but jax.export serializes a program to run without this Python process, and JAX can't serialize a call "
+    "back into Python; export the JAX code around it and call this function beside the exported program, or "
+    "write forward and backward in JAX operations (port it) to export it"
+)
 
 
 _PROBED = (

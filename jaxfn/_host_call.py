@@ -23,21 +23,12 @@ import numpy as np
 from jax.core import Tracer
 
 from . import _jax_private, _rule
-from ._errors import AutogradFunctionTypeError, error
 
 ONCE = (
     "it runs code on the host (host=True: NumPy or SciPy code, or a PyTorch Function through "
     "jaxfn.from_torch), which JAX can differentiate only through the custom backward, once; a second "
     "derivative (jax.grad of jax.grad, jax.hessian) or forward mode can't go through it; write forward and "
     "backward in JAX operations (port it) for higher derivatives"
-)
-
-
-EXPORT = (
-    "it runs code on the host (host=True: NumPy or SciPy code, or a PyTorch Function through jaxfn.from_torch), "
-    "but jax.export serializes a program to run without this Python process, and JAX can't serialize a call "
-    "back into Python; export the JAX code around it and call this function beside the exported program, or "
-    "write forward and backward in JAX operations (port it) to export it"
 )
 
 
@@ -68,9 +59,6 @@ def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
     Its derivative is refused in jaxfn's words; an exception raised in host code while JAX runs
     the callback at once is raised again as itself.
     """
-
-    if _jax_private.inside_export():
-        raise error(AutogradFunctionTypeError, name, EXPORT)
 
     host.armed, host.raised = True, None
     try:

@@ -777,3 +777,37 @@ def test_a_function_argument_keeps_one_program_per_strict_call_key():
         return f(jnp.ones(2), g).sum()
 
     assert float(jax.jit(run)(1.0)) == 10.0  # (3 + 2) * 2 elements
+
+
+_HELD_BY_A_VMAP_RULE_FUNCTION = {
+    "jit": lambda make, w, x: jax.jit(lambda w, x: make(w)(x))(w, x),
+    "jit(grad)": lambda make, w, x: jax.jit(jax.grad(lambda w, x: make(w)(x).sum(), 1))(w, x),
+    "jit(vmap over x)": lambda make, w, x: jax.jit(lambda w, x: jax.vmap(make(w))(x))(w, x[:, None]),
+    "vmap over w": lambda make, w, x: jax.vmap(lambda w: make(w)(x))(jnp.stack([w, w])),
+    "scan": lambda make, w, x: lax.scan(lambda c, w: (c + make(w)(x).sum(), None), 0.0, jnp.stack([w, w]))[0],
+    "grad over w": lambda make, w, x: jax.grad(lambda w: make(w)(x).sum())(w),
+}
+
+
+@pytest.mark.parametrize("how", _HELD_BY_A_VMAP_RULE_FUNCTION)
+def test_a_function_with_a_vmap_rule_that_closes_over_a_traced_value_is_refused_in_jaxfn_words(how):
+    """A vmap rule makes the function one JAX primitive, which can't carry a value of another trace
+    (JAX's "No constant handler" or UnexpectedTracerError otherwise): refused under every trace,
+    with the fix (an argument); the same function taking the value as an argument works."""
+
+    def make(w):
+        def forward(ctx, x):
+            return x * w
+
+        def vmap(info, in_dims, x):
+            return x * w, in_dims[0]
+
+        return jaxfn.autograd_function(forward, lambda ctx, g: g * w, vmap=vmap, name="scaled")
+
+    w, x = jnp.array([1.5, -0.4, 2.0]), jnp.array([0.3, 1.2, -0.7])
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"^jaxfn: 'scaled': it has a vmap rule, .*pass that value"):
+        _HELD_BY_A_VMAP_RULE_FUNCTION[how](make, w, x)
+    as_argument = jaxfn.autograd_function(
+        lambda ctx, w, x: x * w, lambda ctx, g: (None, g), vmap=lambda info, dims, w, x: (x * w, 0), name="scaled"
+    )
+    np.testing.assert_allclose(jax.jit(as_argument)(w, x), w * x)

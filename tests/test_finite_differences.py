@@ -104,6 +104,22 @@ def test_the_step_scales_with_the_value():
     assert 0 < error <= 1.1 * h**2 * (2 / near_zero**3) / 6
 
 
+@pytest.mark.parametrize("narrow", [np.float32, np.float16])
+def test_the_step_is_for_the_coarser_of_the_input_and_the_output(narrow):
+    """An output rounded coarser than its input (float64 in, float32 out; float32 in, float16 out)
+    rounds the differences at its own precision: the step is chosen for it, so the gradient and the
+    tangent keep about eps^(2/3) of the output's dtype (a step for the input's dtype gave 30-70
+    times that)."""
+    wide = np.float64 if narrow is np.float32 else np.float32
+    f = jaxfn.autograd_function(lambda ctx, x: np.sin(x).astype(narrow), "finite_differences", host=True, name="f")
+    x = jnp.array([0.3, 1.2, -0.7], wide)
+    bound = 3 * float(np.finfo(narrow).eps) ** (2 / 3)
+    gradient = jax.grad(lambda x: f(x).astype(wide).sum())(x)
+    tangent = jax.jvp(f, (x,), (jnp.ones(3, wide),))[1]
+    for derivative in (gradient, tangent):
+        np.testing.assert_allclose(np.asarray(derivative, np.float64), np.cos(np.asarray(x, np.float64)), rtol=bound)
+
+
 class _Counts:
     """Host calls (jax.pure_callback's callbacks run) and runs of the user's forward."""
 

@@ -673,6 +673,10 @@ def test_jax_export_of_a_host_function_is_refused_naming_it():
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'hsin': it runs code on the host .* jax.export serializes"):
         jax.export.export(jax.jit(lambda x: hsin(x) * 2))(jax.ShapeDtypeStruct((3,), jnp.float32))
     np.testing.assert_allclose(jax.jit(hsin)(jnp.ones(3)), np.sin(np.ones(3)), rtol=1e-6)  # a plain jit is fine
+    # symbolic shapes: refused before the probe (which would meet a symbolic dimension in NumPy)
+    symbolic = jax.ShapeDtypeStruct(jax.export.symbolic_shape("n"), jnp.float32)
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"'hsin': it runs code on the host .* jax.export serializes"):
+        jax.export.export(jax.jit(hsin))(symbolic)
 
 
 def test_a_probe_that_fails_says_what_jaxfn_ran():
