@@ -650,10 +650,20 @@ class _Run:
             self.treedef, [_torch.tensor_of(self.torch, b) if _is_array(b) else b for b in batch]
         )
         torch_dims = tree_unflatten(self.treedef, dims)
+        nones: list[bool] = []  # per output of a tuple: whether the original returned None there
+
+        def tensors_only(a: Any, k: Any) -> Any:  # torch.func.vmap takes only tensors as outputs
+            out = self.function.apply(*a, **k)
+            if not isinstance(out, tuple):
+                return out
+            nones[:] = [o is None for o in out]
+            return tuple(self.torch.zeros(()) if o is None else o for o in out)
+
         with self.torch.no_grad():
-            return self.torch.func.vmap(
-                lambda a, k: self.function.apply(*a, **k), in_dims=(tuple(torch_dims[0]), torch_dims[1])
-            )(tuple(torch_args), torch_kwargs)
+            out = self.torch.func.vmap(tensors_only, in_dims=(tuple(torch_dims[0]), torch_dims[1]))(
+                tuple(torch_args), torch_kwargs
+            )
+        return tuple(None if none else o for o, none in zip(out, nones)) if nones else out
 
     def second(self, report: Report) -> None:
         """Second derivatives (reverse over reverse) along seeded directions, for every array leaf at

@@ -325,6 +325,57 @@ def test_a_vmap_rule_right_for_every_in_dims_agrees_and_each_batching_is_a_check
     assert jaxfn.compare(_mul_port(right), MulV, X, W)
 
 
+class NoneMulV(torch.autograd.Function):  # (None, x * w) with a vmap rule right for every in_dims
+    @staticmethod
+    def forward(x, w):
+        return None, x * w
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g_none, g):
+        x, w = ctx.saved_tensors
+        return g * w, g * x
+
+    @staticmethod
+    def vmap(info, in_dims, x, w):
+        x = x.movedim(in_dims[0], 0) if in_dims[0] is not None else x
+        w = w.movedim(in_dims[1], 0) if in_dims[1] is not None else w
+        return NoneMulV.apply(x, w), (None, 0)
+
+
+def test_a_vmap_rule_of_a_function_with_a_none_output_is_compared():
+    """torch.func.vmap takes only tensors as outputs: the original's None output is kept apart, so
+    the vmap checks run (not listed as not compared), and a wrong port's rule disagrees."""
+
+    def port(flip):
+        class Port(jaxfn.Function):
+            @staticmethod
+            def forward(ctx, x, w):
+                ctx.save_for_backward(x, w)
+                return None, x * w
+
+            @staticmethod
+            def backward(ctx, g_none, g):
+                x, w = ctx.saved_tensors
+                return g * w, g * x
+
+            @staticmethod
+            def vmap(info, in_dims, x, w):
+                out = jnp.multiply(*_moved(in_dims, x, w))
+                return (None, jnp.flip(out, -1) if flip else out), (None, 0)
+
+        return Port
+
+    report = jaxfn.compare(port(False), NoneMulV, X, W)
+    assert report and "vmap in_dims=(x=0, w=0)" in report.checks, str(report)
+    assert not any(n.startswith("vmap") for n in report.not_compared), str(report)
+    report = jaxfn.compare(port(True), NoneMulV, X, W)
+    assert not report and any(r.check.startswith("vmap") for r in report.rows), str(report)
+
+
 # -- gradients for every needs_input_grad subset, or the ones left out listed ---------------------
 
 

@@ -342,3 +342,21 @@ def test_a_host_call_on_grad_output_inside_a_forward_mode_backward_is_refused_na
     np.testing.assert_allclose(jax.grad(lambda x: f(x).sum())(X), 2 * jnp.ones(3))
     with pytest.raises(jaxfn.AutogradFunctionError, match=r"'hscale': it is a host=True function .* on grad_output"):
         jax.jvp(f, (X,), (jnp.ones(3),))
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["the argument", "inside a pytree"])
+def test_a_gradient_for_a_none_argument_is_refused_saying_it_is_none(inside):
+    """PyTorch refuses a gradient for an input that was None; jaxfn too, saying so (not as a
+    pytree of no leaves, with advice for Flax parameters)."""
+
+    def forward(ctx, x, b):
+        return x * 2.0
+
+    def backward(ctx, g):
+        return g * 2.0, ({"skip": g} if inside else g)
+
+    f = jaxfn.autograd_function(forward, backward, name="gb")
+    b = {"skip": None} if inside else None
+    where = r"'b', but that part of 'b' is None, not an array, so it can't have a gradient; return None for it"
+    with pytest.raises(jaxfn.AutogradFunctionError, match=r"^jaxfn: 'gb': backward returned an array .* for " + where):
+        jax.grad(lambda x: f(x, b).sum())(X)
