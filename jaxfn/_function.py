@@ -108,6 +108,22 @@ class AutogradFunction:
     def __reduce__(self) -> Any:
         return (_rebuild, (*self._user[:2], self._options))
 
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused, with the fix: the function is called directly, `f(x)` (PyTorch's `apply` is a
+        class's: a `jaxfn.Function` subclass's).
+
+        Args:
+          *args: the call's positional arguments, as the function takes them.
+          **kwargs: the call's keyword arguments.
+        """
+        raise error(
+            AutogradFunctionTypeError,
+            self.name,
+            f"a function made by jaxfn.autograd_function (or jaxfn.from_torch) is called directly, as R torch's "
+            f"is, but it was called as {self.name}.apply(...) (the class form's call, a jaxfn.Function subclass's, "
+            f"as in PyTorch); call it with the same arguments: {self.name}(...)",
+        )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._compiled is not None and not kwargs:
             out = self._compiled.fast_call(args)

@@ -214,15 +214,17 @@ def _host_forward(definition: _rule.Definition, probe: _Probe, *arrays: Any):
     if any(probe.flags):
         remainder, leaves = _host_values.split(ctx)
         if remainder.treedef != probe.remainder.treedef:  # the treedef holds the save and attribute names too
-            raise error(AutogradFunctionTypeError, definition.name, _CHANGED.format(what="save"))
+            names = [", ".join(map(repr, r.save_names)) or "nothing" for r in (remainder, probe.remainder)]
+            raise error(AutogradFunctionTypeError, definition.name, _CHANGED.format("save", "saved", *names))
         results.extend(_host_values.send(definition.name, leaf, carry) for leaf, carry in zip(leaves, probe.carries))
         results.extend(np.zeros(s.shape, s.dtype) for s in probe.carried[len(leaves) :])  # the receipt, if any
     return tuple(results)
 
 
 _CHANGED = (
-    "a host forward (host=True) must {what} the same structure on every call, but this call differs from the "
-    "first one of this signature; return and save values of fixed structures and shapes"
+    "a host forward (host=True) must {0} the same structure on every call, but this call {1} {2}, where the "
+    "first one of this signature {1} {3}; return and save values of fixed structures and shapes (a value "
+    "that is None on some calls is a leaf missing from the structure: save a placeholder of fixed shape)"
 )
 
 
@@ -231,7 +233,7 @@ def _check_outputs(name: str, info: Outputs, out: Any) -> list[np.ndarray]:
     eagerly, this very run) described."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     if treedef != info.treedef:
-        raise error(AutogradFunctionTypeError, name, _CHANGED.format(what="return"))
+        raise error(AutogradFunctionTypeError, name, _CHANGED.format("return", "returned", treedef, info.treedef))
     return [_host_values.conform(name, "output", leaf, spec) for leaf, spec in zip(leaves, info.avals)]
 
 

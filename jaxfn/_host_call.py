@@ -72,7 +72,7 @@ def bind(name: str, host: HostCall, specs: Any, *arrays: Any) -> Any:
         if all(isinstance(r, jax.Array) and not isinstance(r, Tracer) for r in results):
             jax.block_until_ready(results)  # run at once: an asynchronous device reports here, not later
         return results
-    except jax.errors.JaxRuntimeError:
+    except Exception:  # JAX's wrapper of what the callback raised (JaxRuntimeError; a ValueError on jax 0.10)
         if host.raised is None:
             raise
         raised = host.raised

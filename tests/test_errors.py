@@ -325,6 +325,17 @@ def test_a_function_class_called_directly_says_to_call_apply(call, how):
     assert float(_Exp.apply(0.0)) == 1.0
 
 
+def test_apply_on_a_function_made_by_autograd_function_says_to_call_it_directly():
+    exp = jaxfn.autograd_function(lambda ctx, x: jnp.exp(x), lambda ctx, g: g, name="exp")
+    _raises(
+        TypeError,
+        r"'exp': a function made by jaxfn.autograd_function .* is called directly, .* but it was called as "
+        r"exp.apply\(\.\.\.\) .*; call it with the same arguments: exp\(\.\.\.\)",
+        lambda: exp.apply(W),
+    )
+    assert float(exp(0.0)) == 1.0
+
+
 def _branching_forward(ctx, x):
     if x.sum() > 0:  # a Python if on an array's value
         return x

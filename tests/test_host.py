@@ -766,3 +766,63 @@ def test_a_prng_key_array_for_host_code_is_refused_naming_the_argument(call):
         call(f, x, {"a": jnp.ones(1), "b": jax.random.key(0)})
     data = {"a": jnp.ones(1), "b": jax.random.key_data(jax.random.key(0))}
     assert np.allclose(call(f, x, data), 2 * np.ones(3))  # the value, or the gradient of its sum: both 2 here
+
+
+def test_host_code_s_exception_reaches_the_caller_as_itself_after_a_call_that_succeeded():
+    """The second call of a signature runs JAX's cached callback, which JAX reports as another
+    error type (a ValueError on jax 0.10): still the host code's own exception, under un-jitted
+    grad, vjp and vmap, from forward and from backward."""
+
+    class HostFailure(Exception):
+        pass
+
+    def forward(ctx, x):
+        if x[0] < 0:
+            raise HostFailure("forward refuses negative x")
+        ctx.save_for_backward(x)
+        return np.sin(x)
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x[1] > 5:
+            raise HostFailure("backward refuses x[1] > 5")
+        return g * np.cos(x)
+
+    f = jaxfn.autograd_function(forward, backward, host=True, name="h")
+    ok, negative, big = jnp.array([0.3, 1.0]), jnp.array([-0.3, 1.0]), jnp.array([0.3, 9.0])
+    grad = jax.grad(lambda x: f(x).sum())
+    np.testing.assert_allclose(grad(ok), np.cos(ok), rtol=1e-6)
+    for call, x, match in [
+        (grad, negative, "forward refuses"),
+        (grad, big, "backward refuses"),
+        (lambda x: jax.vjp(f, x)[0], negative, "forward refuses"),
+        (jax.vmap(f), jnp.stack([negative, negative]), "forward refuses"),
+    ]:
+        with pytest.raises(HostFailure, match=match):
+            call(x)
+
+
+def test_a_host_forward_whose_saves_or_output_change_between_calls_is_refused_naming_both():
+    """The probe (on ones) fixes what a signature saves and returns; a call that differs is
+    refused saying what it saved (or returned) and what the first did."""
+
+    def saves(ctx, x):
+        ctx.scale = None if x[0] > 0 else 2.0  # None on the probe's ones: no leaf there
+        ctx.save_for_backward(x)
+        return np.sin(x)
+
+    f = jaxfn.autograd_function(saves, lambda ctx, g: g, host=True, name="h")
+    with pytest.raises(
+        jaxfn.AutogradFunctionError,
+        match=r"'h': a host forward .* must save the same structure on every call, but this call saved '0', 'scale', "
+        r"where the first one of this signature saved '0'; .*placeholder",
+    ):
+        jax.grad(lambda x: f(x).sum())(jnp.array([-0.3, 1.0]))
+
+    def returns(ctx, x):
+        return (np.sin(x), np.cos(x)) if x[0] < 0 else np.sin(x)
+
+    g = jaxfn.autograd_function(returns, lambda ctx, g: g, host=True, name="h")
+    returned = r"must return the same structure .* returned PyTreeDef\(\(\*, \*\)\), where the first .* PyTreeDef\(\*\)"
+    with pytest.raises(jaxfn.AutogradFunctionError, match=returned):
+        jax.vmap(g)(jnp.array([[-0.3, 1.0]]))
