@@ -6,9 +6,10 @@ on both sides; beyond six leaves each alone, each pair, each all but one and all
 listed), from every output and, where there are several, from each alone (and each all but one)
 with none for the others; where the original defines them its ``jvp`` (seeded tangents, every
 argument perturbed and each set of them alone, the others not) and ``vmap`` (a batch of two
-whose examples differ: floats O(1) apart, integers and booleans permuted; every array at axis 0,
-at another axis, and each alone, the others unbatched) results, and with ``order=2`` second
-derivatives.
+whose examples differ: floats O(1) apart, integers and booleans permuted; every array at axis 0
+and at another axis, and each set of arrays batched, the others not, at axis 0 and at each one's
+last; beyond six arrays each alone, each pair and each all but one, the others listed) results,
+and with ``order=2`` second derivatives for the same ``needs_input_grad`` sets as the gradients.
 Every array counts however it is passed (positionally, by keyword, inside a tuple, list or dict,
 located by its key path), and arrays cross to PyTorch by ``from_torch``'s one conversion. Each
 value that differs is a row: the check, the output or parameter with its path, the index, both
@@ -43,6 +44,10 @@ _TANGENTS_LEFT = (
     "jvp not compared for {left} of the {total} sets of arguments given a tangent (the others none): those "
     "naming 3 to {most} of the {n} (compared: each alone, each pair, each all but one, and all)"
 )
+_BATCHED_LEFT = (
+    "vmap not compared for {left} of the {total} sets of batched arrays (the others unbatched): those batching "
+    "3 to {most} of the {n} arrays (compared: each alone, each pair, each all but one, and all)"
+)
 _BATCHES = ((False, False), (True, False), (True, True))  # a vmap's second example: (integers same, floats near)
 _CLOSER = ("", "(integers and booleans the same)", "(integers and booleans the same, floats 0.1 apart)")
 _NESTED_GRADIENT = (
@@ -58,6 +63,10 @@ _OTHERS = "; the other outputs, and the gradients from theirs, at their own dtyp
 _SUBSETS_LEFT = (
     "gradients not compared for {left} of the {total} needs_input_grad subsets: those naming 3 to {most} of the "
     "{n} differentiable arrays (compared: each alone, each pair, each all but one, and all {n})"
+)
+_SECOND_LEFT = (
+    "second derivatives not compared for {left} of the {total} needs_input_grad subsets: those naming 3 to "
+    "{most} of the {n} differentiable arrays (compared: each alone, each pair, each all but one, and all {n})"
 )
 _DIRTY = (
     "the original writes {inputs} in place (ctx.mark_dirty), and PyTorch's backward reads back what forward "
@@ -145,9 +154,12 @@ def compare(
     tangents: every argument perturbed, and each set of arguments alone, the others given no
     tangent) and `vmap` results (a batch of two whose examples differ, floats by O(1), integers
     and booleans permuted so they stay valid indices, with the same in_dims on both sides: every
-    array batched at axis 0, every array at a non-zero axis, and each array alone, the others
-    unbatched);
-    `order=2` compares second derivatives too. Every array counts however it is passed:
+    array batched at axis 0, every array at a non-zero axis, and each set of arrays batched, the
+    others unbatched, at axis 0 and at each one's last; with more than six arrays each alone, each
+    pair and each all but one, and the count of the others is listed as not compared);
+    `order=2` compares second derivatives too (reverse over reverse, along seeded directions),
+    for the same `needs_input_grad` sets as the gradients, so a backward that branches on it is
+    differentiated on each branch. Every array counts however it is passed:
     positionally, by keyword, or inside a tuple, list or dict (located by its key path). Arrays
     become tensors by `from_torch`'s conversion (bfloat16 and float8 by their bits). Values are
     compared with `rtol`/`atol` chosen by dtype (bfloat16 and float16: 1e-2/1e-3, float32:
@@ -391,16 +403,14 @@ class _Run:
         if dirty and any(r.check.startswith("gradient") for r in report.rows):
             report.notes.append(_DIRTY.format(inputs=", ".join(dirty)))
 
-    def subsets(self, report: Report) -> list[tuple[int, ...]]:
+    def subsets(self, report: Report, left: str = _SUBSETS_LEFT) -> list[tuple[int, ...]]:
         """The sets of differentiable leaves whose gradients are compared (each a ``needs_input_grad``):
         every one up to ``_ALL_SUBSETS`` leaves; beyond, each alone, each pair, each all but one and
-        all, and the count of those left out is listed."""
-        n = len(self.diff)
-        if n <= _ALL_SUBSETS:
-            return [c for k in range(1, n + 1) for c in itertools.combinations(self.diff, k)]
-        chosen = [c for k in (1, 2, n - 1, n) for c in itertools.combinations(self.diff, k)]
-        total = 2**n - 1
-        report.not_compared.append(_SUBSETS_LEFT.format(left=total - len(chosen), total=total, most=n - 2, n=n))
+        all, and the count of those left out is listed (``left``: what was not compared)."""
+        chosen, total = _subsets(self.diff)
+        if len(chosen) < total:
+            n = len(self.diff)
+            report.not_compared.append(left.format(left=total - len(chosen), total=total, most=n - 2, n=n))
         return chosen
 
     def alone(
@@ -565,22 +575,29 @@ class _Run:
         if not arrays:
             report.not_compared.append("vmap not compared: the call has no array argument to batch")
             return
-        for batching in self.batchings(arrays):
+        for batching in self.batchings(arrays, report):
             self.vmap_of(report, arrays, batching)
 
-    def batchings(self, arrays: list[int]) -> list[dict[int, int]]:
+    def batchings(self, arrays: list[int], report: Report) -> list[dict[int, int]]:
         """The batch axis of each batched array leaf (the others unbatched, in_dims None), one dict per
         vmap compared: every array at axis 0; every array at its last axis, and at axis 1, where an
-        array has one (a batch axis other than 0); and each array alone, at axis 0 and at its last."""
+        array has one (a batch axis other than 0); then each set of arrays batched, the others not
+        (each alone first), at axis 0 and at each one's last: every set up to ``_ALL_SUBSETS``
+        arrays, beyond each alone, each pair and each all but one, the count of the others listed."""
         ndim = {i: np.ndim(self.given[i]) for i in arrays}
         batchings = [dict.fromkeys(arrays, 0)]
         if any(ndim.values()):
             batchings.append(dict(ndim))  # after every data axis (a scalar's only axis is 0)
         if any(d >= 2 for d in ndim.values()):
             batchings.append({i: min(1, ndim[i]) for i in arrays})
-        if len(arrays) > 1:
-            for i in arrays:
-                batchings += [{i: 0}] + ([{i: ndim[i]}] if ndim[i] else [])
+        chosen, total = _subsets(arrays)
+        for batched in chosen[:-1]:  # the last is every array, batched above
+            batchings += [dict.fromkeys(batched, 0)] + (
+                [{i: ndim[i] for i in batched}] if any(ndim[i] for i in batched) else []
+            )
+        if len(chosen) < total:
+            n = len(arrays)
+            report.not_compared.append(_BATCHED_LEFT.format(left=total - len(chosen), total=total, most=n - 2, n=n))
         return batchings
 
     def vmap_of(self, report: Report, arrays: list[int], batching: dict[int, int]) -> None:
@@ -666,27 +683,45 @@ class _Run:
         return tuple(None if none else o for o, none in zip(out, nones)) if nones else out
 
     def second(self, report: Report) -> None:
-        """Second derivatives (reverse over reverse) along seeded directions, for every array leaf at
-        once (per group of outputs where the original computes some narrower, as ``flows`` says)."""
+        """Second derivatives (reverse over reverse) along seeded directions, for the sets of array
+        leaves ``needs_input_grad`` can name that first order's gradients compare (``subsets``; a
+        backward may branch on it): every leaf at once first, then each set, its own count of those
+        left out listed; per group of outputs where the original computes some narrower, as
+        ``flows`` says."""
         if self.port_forward_failed or not self.same_outputs or not self.diff:
             report.not_compared.append("second derivative not compared: forward or its outputs differ (see forward)")
             return
+        every = tuple(self.diff)
+        subsets = [every, *(s for s in self.subsets(report, _SECOND_LEFT) if s != every)]
         with self.torch.no_grad():
             outs = [_numpy(self.torch, t) for t in self.original_call(self.tensors())]
         cotangents = [_random(self.rng, np.shape(o), False) for o in outs]
-        directions = [_random(self.rng, np.shape(self.given[i]), False) for i in self.diff]
-        for label, kept, narrow in self.flows():
-            if not self.second_of(report, f"second derivative{label}", self.sent(cotangents, kept), directions, narrow):
-                return
+        directions = {i: _random(self.rng, np.shape(self.given[i]), False) for i in self.diff}
+        for subset in subsets:
+            flags = tuple(i in subset for i in range(len(self.given)))
+            name = "second derivative" + ("" if subset == every else f" needs_input_grad={flags}")
+            for label, kept, narrow in self.flows():
+                sent, towards = self.sent(cotangents, kept), [directions[i] for i in subset]
+                if not self.second_of(report, f"{name}{label}", subset, sent, towards, narrow):
+                    return
 
     def second_of(
-        self, report: Report, check: str, cotangents: list[np.ndarray], directions: list[np.ndarray], narrow: Any
+        self,
+        report: Report,
+        check: str,
+        subset: tuple[int, ...],
+        cotangents: list[np.ndarray],
+        directions: list[np.ndarray],
+        narrow: Any,
     ) -> bool:
-        """One second-derivative check; False where the original could not be differentiated twice."""
+        """One second-derivative check, the leaves ``subset`` differentiated (the others not, so
+        ``needs_input_grad`` says False for them on both sides); False where the original could not
+        be differentiated twice in the first check (then no other is tried: listed once). Where it
+        could not in a later one, that check alone is listed."""
         torch = self.torch
         report.checks.append(check)
-        tensors = self.tensors(self.diff)
-        wanted = [tensors[i] for i in self.diff]
+        tensors = self.tensors(subset)
+        wanted = [tensors[i] for i in subset]
         try:
             given = [t.clone() if getattr(t, "requires_grad", False) else t for t in tensors]
             call_args, call_kwargs = tree_unflatten(self.treedef, given)
@@ -712,28 +747,29 @@ class _Run:
                 )
         except Exception as err:  # noqa: BLE001 - the original can't be differentiated twice: listed
             report.checks.remove(check)
+            alone = any(c.startswith("second derivative") for c in report.checks)
             report.not_compared.append(
-                f"second derivative not compared: the original raised {type(err).__name__} "
+                f"{check if alone else 'second derivative'} not compared: the original raised {type(err).__name__} "
                 f"({(str(err).splitlines() or [''])[0]})"
             )
-            return False
+            return alone
         computed = _computed_saves(torch, out, given)
 
         def first_order(*chosen: Any) -> Any:
-            value, pullback = jax.vjp(self.port_of(self.diff), *chosen)
+            value, pullback = jax.vjp(self.port_of(list(subset)), *chosen)
             leaves, treedef = jax.tree_util.tree_flatten(value)
             cts = [jax.numpy.asarray(c, leaf.dtype) for leaf, c in zip(leaves, cotangents)]
             grads = pullback(jax.tree_util.tree_unflatten(treedef, cts))
             return sum((g * jax.numpy.asarray(d, g.dtype)).sum() for g, d in zip(grads, directions))
 
         try:
-            ours = jax.grad(first_order, argnums=tuple(range(len(self.diff))))(*[self.leaves[i] for i in self.diff])
+            ours = jax.grad(first_order, argnums=tuple(range(len(subset))))(*[self.leaves[i] for i in subset])
         except Exception as err:  # noqa: BLE001 - the port's second derivative raised: a row
             self.raised(report, check, err, "second derivatives")
             return True
         before = len(report.rows)
-        for i, a, b in zip(self.diff, ours, theirs):
-            b = np.zeros(np.shape(a)) if b is None else _numpy(torch, b)
+        for i, a, b in zip(subset, ours, theirs):
+            b = np.zeros(np.shape(a), np.asarray(a).dtype) if b is None else _numpy(torch, b)  # None: zero
             self.values(report, check, f"parameter '{self.labels[i]}'", np.asarray(a), b, narrow)
         if len(report.rows) > before and computed and _NOT_THROUGH not in report.notes:
             report.notes.append(_NOT_THROUGH)
@@ -785,6 +821,14 @@ class _Run:
         if not np.all(close):
             index = tuple(int(i) for i in np.argwhere(~close)[0])
             report.rows.append(Row(check, where, index, a[index].item(), b[index].item()))
+
+
+def _subsets(items: list[int]) -> tuple[list[tuple[int, ...]], int]:
+    """The non-empty subsets of ``items`` compared, smallest first, and how many there are: every
+    one up to ``_ALL_SUBSETS`` items; beyond, each alone, each pair, each all but one and all."""
+    n = len(items)
+    sizes = range(1, n + 1) if n <= _ALL_SUBSETS else (1, 2, n - 1, n)
+    return [c for k in sizes for c in itertools.combinations(items, k)], 2**n - 1
 
 
 def _outputs(which: list[int]) -> str:

@@ -203,6 +203,89 @@ def test_a_second_derivative_pytorch_does_not_take_is_named():
     np.testing.assert_allclose(want, 6 * X)
 
 
+class SinTimes(torch.autograd.Function):  # sin(x) * y
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return torch.sin(x) * y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * torch.cos(x) * y, g * torch.sin(x)
+
+
+def _sin_times_port(wrong_without_y):
+    class Port(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, y)
+            return jnp.sin(x) * y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, y = ctx.saved_tensors
+            if wrong_without_y and not ctx.needs_input_grad[1]:  # right at first order, flat at second
+                return g * jnp.cos(jax.lax.stop_gradient(x)) * y, None
+            return g * jnp.cos(x) * y, g * jnp.sin(x)
+
+    return Port
+
+
+def test_a_second_derivative_wrong_only_where_an_argument_is_not_differentiated_disagrees():
+    wrong = _sin_times_port(wrong_without_y=True)
+    assert jaxfn.compare(wrong, SinTimes, X, W)  # first order cannot see it
+    report = jaxfn.compare(wrong, SinTimes, X, W, order=2)
+    assert not report and {r.check for r in report.rows} == {"second derivative needs_input_grad=(True, False)"}, str(
+        report
+    )
+    assert [r.where for r in report.rows] == ["parameter 'x'"], str(report)
+    report = jaxfn.compare(_sin_times_port(wrong_without_y=False), SinTimes, X, W, order=2)
+    assert report, str(report)
+    assert [c for c in report.checks if c.startswith("second")] == [
+        "second derivative",
+        "second derivative needs_input_grad=(True, False)",
+        "second derivative needs_input_grad=(False, True)",
+    ]
+    assert not any("second" in line for line in report.not_compared), str(report)
+
+
+class CosOnce(torch.autograd.Function):  # cos, differentiable once only
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.cos(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("CosOnce has no second derivative")
+
+
+class SinTimesOnceWithoutY(torch.autograd.Function):  # sin(x) * y; no second derivative where y is not differentiated
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return torch.sin(x) * y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return g * CosOnce.apply(x) * y, None
+        return g * torch.cos(x) * y, g * torch.sin(x)
+
+
+def test_a_second_derivative_the_original_refuses_for_one_set_is_listed_and_the_others_compared():
+    report = jaxfn.compare(_sin_times_port(wrong_without_y=False), SinTimesOnceWithoutY, X, W, order=2)
+    assert report, str(report)
+    assert "second derivative" in report.checks and "second derivative needs_input_grad=(False, True)" in report.checks
+    assert "second derivative needs_input_grad=(True, False)" not in report.checks
+    assert (
+        "second derivative needs_input_grad=(True, False) not compared: the original raised RuntimeError (CosOnce has "
+        "no second derivative)" in report.not_compared
+    ), str(report)
+
+
 def test_order_must_be_1_or_2():
     with pytest.raises(ValueError, match=r"'Scale': jaxfn.compare's order must be 1 or 2, but got 3"):
         jaxfn.compare(_scale_port(), Scale, X, W, order=3)
@@ -376,6 +459,112 @@ def test_a_vmap_rule_of_a_function_with_a_none_output_is_compared():
     assert not report and any(r.check.startswith("vmap") for r in report.rows), str(report)
 
 
+class AddMulV(torch.autograd.Function):  # x * y + z with a vmap rule right for every in_dims
+    @staticmethod
+    def forward(x, y, z):
+        return x * y + z
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:2])
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * y, g * x, g
+
+    @staticmethod
+    def vmap(info, in_dims, x, y, z):
+        x, y, z = (a if d is None else a.movedim(d, 0) for a, d in zip((x, y, z), in_dims))
+        return x * y + z, 0
+
+
+def _add_mul_port(wrong_where):
+    class Port(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x, y, z):
+            ctx.save_for_backward(x, y)
+            return x * y + z
+
+        @staticmethod
+        def backward(ctx, g):
+            x, y = ctx.saved_tensors
+            return g * y, g * x, g
+
+        @staticmethod
+        def vmap(info, in_dims, x, y, z):
+            out = jnp.multiply(*_moved(in_dims[:2], x, y)) + _moved(in_dims[2:], z)[0]
+            batched = tuple(d is not None for d in in_dims)
+            return (out + 1.0 if batched == wrong_where else out), 0
+
+    return Port
+
+
+def test_a_vmap_rule_wrong_for_one_set_of_batched_arguments_disagrees_and_every_set_is_a_check():
+    z = RNG.standard_normal(4)
+    report = jaxfn.compare(_add_mul_port(wrong_where=(False, True, True)), AddMulV, X, W, z)
+    assert not report, str(report)
+    assert {r.check for r in report.rows} == {"vmap in_dims=(x=None, y=0, z=0)", "vmap in_dims=(x=None, y=1, z=1)"}
+    report = jaxfn.compare(_add_mul_port(wrong_where=None), AddMulV, X, W, z)
+    assert report, str(report)
+    masks = [(0, None, None), (None, 0, None), (None, None, 0), (0, 0, None), (0, None, 0), (None, 0, 0), (0, 0, 0)]
+    last = [tuple(None if d is None else d + 1 for d in m) for m in masks]  # 1-D arrays: the last axis is 1
+    want = {f"vmap in_dims=(x={a}, y={b}, z={c})" for a, b, c in masks + last}
+    assert {c for c in report.checks if c.startswith("vmap")} == want, str(report)
+    assert not any(line.startswith("vmap") for line in report.not_compared), str(report)
+
+
+class Sum7V(torch.autograd.Function):  # a0 + ... + a6 with a vmap rule right for every in_dims
+    @staticmethod
+    def forward(*a):
+        return sum(a[1:], a[0] * 1.0)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return tuple(g for _ in range(7))
+
+    @staticmethod
+    def vmap(info, in_dims, *a):
+        a = [v if d is None else v.movedim(d, 0) for v, d in zip(a, in_dims)]
+        return sum(a[1:], a[0] * 1.0), 0
+
+
+def _sum_vmap_port(wrong_where):
+    def forward(ctx, *a):
+        return sum(a[1:], a[0] * 1.0)
+
+    def backward(ctx, g):
+        return (g,) * 7
+
+    def vmap(info, in_dims, *a):
+        out = sum(_moved(in_dims[1:], *a[1:]), _moved(in_dims[:1], a[0])[0] * 1.0)
+        batched = tuple(i for i, d in enumerate(in_dims) if d is not None)
+        return (out * 5 if batched == wrong_where else out), 0
+
+    return jaxfn.autograd_function(forward, backward, vmap=vmap, name="sum7")
+
+
+def test_with_seven_arguments_the_batchings_not_compared_are_listed():
+    report = jaxfn.compare(_sum_vmap_port(wrong_where=(0, 1)), Sum7V, *SEVEN)
+    assert not report, str(report)
+    assert {r.check for r in report.rows} == {
+        f"vmap in_dims=(args[0]={d}, args[1]={d}, args[2]=None, args[3]=None, args[4]=None, args[5]=None, args[6]=None)"
+        for d in (0, 1)
+    }, str(report)
+    report = jaxfn.compare(_sum_vmap_port(wrong_where=()), Sum7V, *SEVEN)
+    assert report and sum(c.startswith("vmap") for c in report.checks) == 2 * (7 + 21 + 7 + 1), str(report)
+    assert any(
+        line.startswith("vmap not compared for 91 of the 127 sets of batched arrays") and "3 to 5" in line
+        for line in report.not_compared
+    ), str(report)
+    report = jaxfn.compare(_sum_vmap_port(wrong_where=(0, 1, 2)), Sum7V, *SEVEN)  # one not compared: listed
+    assert report and "vmap not compared for 91 of the 127" in str(report)
+
+
 # -- gradients for every needs_input_grad subset, or the ones left out listed ---------------------
 
 
@@ -423,6 +612,38 @@ def test_with_seven_arguments_the_subsets_not_compared_are_listed():
     assert not jaxfn.compare(_sum_port(wrong_for=(0, 1, 2, 3, 4, 5)), Sum7, *SEVEN)
     report = jaxfn.compare(_sum_port(wrong_for=(0, 1, 2)), Sum7, *SEVEN)
     assert report and "91 of the 127" in str(report)
+
+
+def test_with_seven_arguments_the_second_derivative_subsets_not_compared_are_listed():
+    def port(wrong_for):
+        def forward(ctx, a0, a1, a2, a3, a4, a5, a6):
+            return a0 + a1 + a2 + a3 + a4 + a5 + a6
+
+        def backward(ctx, g):  # g where wrong too, but then with a derivative of its own along a0
+            chosen = tuple(i for i, n in enumerate(ctx.needs_input_grad) if n)
+            a0 = ctx.saved_tensors[0]
+            return (g * (1 + a0 - jax.lax.stop_gradient(a0)) if chosen == wrong_for else g,) + (g,) * 6
+
+        def save(ctx, a0, *rest):
+            ctx.save_for_backward(a0)
+            return forward(ctx, a0, *rest)
+
+        return jaxfn.autograd_function(save, backward, name="sum7")
+
+    report = jaxfn.compare(port(wrong_for=(0, 1)), Sum7, *SEVEN, order=2)
+    assert not report, str(report)
+    assert {r.check for r in report.rows} == {
+        "second derivative needs_input_grad=(True, True, False, False, False, False, False)"
+    }, str(report)
+    report = jaxfn.compare(port(wrong_for=()), Sum7, *SEVEN, order=2)
+    assert report and sum(c.startswith("second") for c in report.checks) == 7 + 21 + 7 + 1, str(report)
+    assert any(
+        line.startswith("second derivatives not compared for 91 of the 127 needs_input_grad subsets")
+        and "3 to 5" in line
+        for line in report.not_compared
+    ), str(report)
+    report = jaxfn.compare(port(wrong_for=(0, 1, 2)), Sum7, *SEVEN, order=2)  # one of those not compared: listed
+    assert report and "second derivatives not compared for 91 of the 127" in str(report)
 
 
 def test_with_six_arguments_every_subset_is_compared():
