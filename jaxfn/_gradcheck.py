@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import inspect
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -27,7 +28,7 @@ from ._errors import (
     type_name,
 )
 from ._function import AutogradFunction, Function
-from ._jax_private import refused_forward_mode
+from ._jax_private import callback_exception, refused_forward_mode, reports_callback_error
 from ._keys import Unkeyable, static_key, structure_key
 from ._rule import FORWARD_MODE_HELP, plain_forward, replaced
 
@@ -97,9 +98,21 @@ def gradcheck(
       boolean arrays: their own values rearranged) against a Python loop of forward, the value of
       every array output (integer and non-differentiable ones included), and the gradient under
       `jax.vmap` against backward one example at a time, with every array argument batched on axis
-      0 (also in a batch of one), each argument alone (all its leaves; the others unbatched), each
-      leaf of a pytree argument alone, and every one on its last axis. A Python number is never
-      batched: it is passed as given, as a call under `jax.vmap` passes it.
+      0 (also in a batch of one), each argument alone (all its leaves; the others unbatched), every
+      other non-empty set of the arguments batched (the others unbatched; above 5 arguments each
+      all but one, and the report lists the sets left out), each leaf of a pytree argument alone,
+      every one on its last axis, and mixed axes: each argument on its last axis, the others on
+      axis 0. A Python number is never batched: it is passed as given, as a call under `jax.vmap`
+      passes it;
+    - the derivative of backward (`order=2`): reverse over reverse, along random directions,
+      against finite differences of backward, with the same sets of arguments differentiated as
+      backward (the sets left out above 5 arguments listed too) and, with several outputs, each
+      output alone given a cotangent.
+
+    An exception that forward or backward raises in one of these cases (a `None` grad_output
+    multiplied, a jaxfn refusal) fails the check, as a jvp or vmap rule's does: the message names
+    the case (the inputs differentiated, the outputs given a cotangent) and the exception, and is
+    chained from it.
 
     By default every rule the function has is checked; for a callable that is not itself a jaxfn
     function (a `lambda` around one), forward mode is checked where `jax.jvp` of it is not
@@ -126,7 +139,10 @@ def gradcheck(
     over the output elements. Above that size, the outputs are reduced to one scalar with a fixed
     random cotangent and each leaf is checked along one random direction (PyTorch's fast mode);
     only a leaf that fails is located element by element. `order=2` repeats the check for the
-    derivative of backward (reverse over reverse), along random directions.
+    derivative of backward (reverse over reverse), along random directions. The sets of
+    arguments grow with their number n: 2^n - 1 sets up to 5 arguments (31), then 2n + 1; each set
+    costs backward's check (and, with `order=2`, one derivative of backward) one more pass, and
+    the batching check one more `jax.vmap` and loop of forward.
 
     An option that is also a parameter of `fn` is refused as ambiguous: pass the function's own
     through a `lambda`.
@@ -276,7 +292,6 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
     # the arguments differentiated (the others held constant) up to _EVERY_SET arguments; above,
     # all, each alone and each all but one, and the report says how many sets were not checked.
     patterns, described, left_out = _patterns([heads[i] for i in checked])
-    report.ran.append("backward against finite differences of forward" + _sets(patterns, described, _DIFFERENTIATED))
     if left_out:
         report.not_run.append(left_out)
     forward_mode, batching = _rules_to_check(fn, forward_ad, batched_grad, report)
@@ -296,7 +311,13 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
                 lambda diff, f=f, c=cotangent, w=which, o=output: _vdot(c, _of_output(_restricted(f, x0, w, diff), o))
                 for f in (call, plain)
             )
-            _check(scalar, reference, sub_x0, sub_labels, eps, atol, rtol, rng, "", who)
+            case = _case(which, checked_labels, output, len(out_shapes))
+            with _raising(
+                who, "forward or backward", case, _GRADIENT_EXPECTED, _backward_fix(output, "forward and backward")
+            ):
+                _check(scalar, reference, sub_x0, sub_labels, eps, atol, rtol, rng, "", who)
+    # listed once it passed: a failing check is the report's failure, not a check that passed
+    report.ran.append("backward against finite differences of forward" + _sets(patterns, described, _DIFFERENTIATED))
     if alone_outputs:
         report.ran.append(
             f"backward with each of the {len(out_shapes)} outputs alone given a cotangent (the others none: None "
@@ -319,8 +340,8 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
     if batching is not None:
         given = [with_paths[i][1] for i in checked]
         names = [labels[i] for i in (*checked, *call.others)], [heads[i] for i in (*checked, *call.others)]
-        described = _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who)
-        if described is None:
+        batchings, left_out_batchings = _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who)
+        if batchings is None:
             report.not_run.append(
                 f"{batching}: no argument is an array to batch (a Python number is passed unbatched under "
                 "jax.vmap, as a call passes it)"
@@ -328,15 +349,19 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
         else:
             report.ran.append(
                 f"{batching} against a loop of forward (the value of every array output, integer and "
-                f"non-differentiable ones included), and backward under jax.vmap: {described}"
+                f"non-differentiable ones included), and backward under jax.vmap: {batchings}"
             )
+            if left_out_batchings:
+                report.not_run.append(f"{batching} with {left_out_batchings}")
     if order == 2:
-        cotangent = _random_like(rng, out_shapes)
-        scalar = lambda diff: _vdot(cotangent, call(diff))  # noqa: E731
-        u = _random_like(rng, x0)
-        second = lambda diff: _vdot(u, jax.grad(scalar)(diff))  # noqa: E731
-        _check(second, second, x0, checked_labels, eps, atol, rtol, rng, " of the backward (order=2)", who)
-        report.ran.append("order 2: the derivative of backward against finite differences of backward")
+        _check_second(call, x0, patterns, checked_labels, out_shapes, eps, atol, rtol, rng, who)
+        report.ran.append(
+            "order 2: the derivative of backward against finite differences of backward"
+            + _sets(patterns, described, _DIFFERENTIATED)
+            + (f", and with each of the {len(out_shapes)} outputs alone given a cotangent" if alone_outputs else "")
+        )
+        if left_out:
+            report.not_run.append(left_out.replace("backward with", "order 2: the derivative of backward with", 1))
     else:
         report.not_run.append("order 2: not asked for (order=2 checks the derivative of backward)")
 
@@ -420,6 +445,9 @@ def _plain(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _ALONE = " (differentiated alone, the other inputs held constant)"
+_GRADIENT_EXPECTED = "finite differences of forward give a gradient"  # what a message about an exception expected
+_CALL_RAN = "the call with the arguments given ran"
+_FORWARD_FIX = "check the function's forward"
 _DIFFERENTIATED = "differentiated (the others held constant)"
 _PERTURBED = "perturbed (the others not: no tangent, needs_input_grad False)"
 _NO_INPUTS = (
@@ -508,6 +536,65 @@ def _restricted(f: Callable[[list[Any]], Any], x0: list[Any], which: list[int], 
     return f(full)
 
 
+def _case(which: list[int], labels: list[str], output: int | None, outputs: int) -> str:
+    """How a message says which case of backward's check ran: the inputs differentiated (``which``,
+    of ``labels``) and the outputs given a cotangent (``output`` alone, or all where None)."""
+    if len(which) == len(labels):
+        inputs = "every input differentiated" if len(labels) > 1 else f"{labels[0]} differentiated"
+    else:
+        named = _listed([labels[k] for k in which])
+        inputs = f"{named} differentiated (the other inputs held constant: needs_input_grad False)"
+    if outputs == 1:
+        cotangents = "its output given a cotangent"
+    elif output is None:
+        cotangents = f"each of the {outputs} outputs given a cotangent"
+    else:
+        cotangents = f"output {output} alone given a cotangent (the others none)"
+    return f"with {inputs} and {cotangents}"
+
+
+def _backward_fix(output: int | None, rules: str = "backward") -> str:
+    """What a message about ``rules`` (backward) raising tells the user to do."""
+    if output is None:
+        return f"check the function's {rules}"
+    return (
+        f"check the function's {rules}: an output given no cotangent gets grad_output None under "
+        "ctx.set_materialize_grads(False) (test it: `if grad is not None`), zeros otherwise"
+    )
+
+
+def _said(err: BaseException) -> str:
+    """An exception's type and the first line of its message; for JAX's report that host code
+    (a callback) raised, the host code's exception: itself where JAX kept it, else the last line
+    of the traceback JAX's message carries."""
+    context = err.__context__
+    if context is not None and reports_callback_error(err, context):
+        err = context
+    else:
+        carried = callback_exception(err)
+        if carried is not None:
+            return f"{carried[0]} ({carried[1]})"
+    return f"{type(err).__name__} ({(str(err).splitlines() or [''])[0]})"
+
+
+@contextlib.contextmanager
+def _raising(who: str, what: str, case: str, expected: str, fix: str) -> Iterator[None]:
+    """An exception raised while gradcheck runs one of its cases (``what`` ran ``case``, where
+    ``expected`` says what came instead elsewhere) is a failure naming the case, with ``fix``,
+    chained from the exception, as a jvp or vmap rule's is (a jaxfn refusal included);
+    gradcheck's own failures pass through as they are."""
+    try:
+        yield
+    except GradcheckError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's code (or a refusal of it) raised: a failure
+        raise error(
+            GradcheckError,
+            who,
+            f"{what} raised {_said(err)} {case}, where {expected}; {fix}",
+        ) from err
+
+
 # Up to this many entries (inputs x outputs, real and imaginary parts counted apart), the whole
 # Jacobian is compared element by element, as PyTorch's gradcheck does; above (or with more than
 # JACOBIAN_SIDE inputs or outputs), each input leaf is checked along a random direction
@@ -536,9 +623,10 @@ def _check_jacobians(call, plain, flags, x0, patterns, labels, eps, atol, rtol, 
     alone = [(everything, _output_alone(j), j) for j in range(len(widths))] if len(widths) > 1 else []
     for which, suffix, output in [*patterns, *alone]:
         own = [j for j, (k, _) in enumerate(parts) if k in which]
-        analytical, value = _analytical_jacobian(call, x0, parts, r0, own, output, chunk)
+        case = _case(which, labels, output, len(widths))
+        analytical, value = _analytical_jacobian(call, x0, parts, r0, own, output, chunk, (who, case))
         if numerical is None:  # forward's value at x0, as backward's side computed it, validates the program
-            numerical = _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value)
+            numerical = _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value, who)
         cut = slice(None) if output is None else slice(columns[output], columns[output + 1])
         for j, ana in zip(own, analytical):
             (k, part), shape = parts[j], np.shape(r0[j])
@@ -621,7 +709,7 @@ def _steps(r0: list[Any], moved: np.ndarray) -> list[np.ndarray]:
     return [moved[:, o : o + s].reshape((len(moved), *np.shape(r))) for r, s, o in zip(r0, sizes, offsets)]
 
 
-def _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value) -> list[np.ndarray]:
+def _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value, who) -> list[np.ndarray]:
     """Central differences of forward along every real input element, one (elements, size) block
     per part: the +eps and -eps evaluations of every element as one batch of the compiled
     program. Where that program can't be made (forward is host code, which a compiled program
@@ -630,7 +718,8 @@ def _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value) ->
     A kept program holds what forward read when it was traced (a global, an object's attribute):
     the same batch also evaluates x0 and a nearby point, compared with forward run as it is called
     (``value``: forward at x0, as backward's side ran it; and forward at the nearby point); where
-    they differ, forward is traced again."""
+    they differ, forward is traced again. An exception forward raises is a failure (``who``: what
+    the message opens with)."""
     sizes = [int(np.size(r)) for r in r0]
     n, offsets = sum(sizes), np.cumsum([0, *sizes])
     others = [call.leaves[i] for i in call.others]
@@ -647,13 +736,20 @@ def _numerical_jacobian(call, plain, flags, x0, parts, r0, eps, chunk, value) ->
     def evaluate(program: Any) -> np.ndarray:
         return _in_chunks(lambda steps: _run(program, tuple(parts), others, r0, steps), batch, 2 * n + 2, chunk)
 
+    fix = _FORWARD_FIX
     try:
         values = evaluate(_finite_differences_program(call, flags))
     except Exception:  # noqa: BLE001  (no program: one element at a time, which raises a real error itself)
-        return [_numerical_one_by_one(plain, x0, parts, r0, j, eps) for j in range(len(parts))]
+        case = "with one input element at a time moved by eps and by -eps"
+        with _raising(
+            who, "forward (run without the function's rules, for the finite differences)", case, _CALL_RAN, fix
+        ):
+            return [_numerical_one_by_one(plain, x0, parts, r0, j, eps) for j in range(len(parts))]
     near = [jax.device_put(np.asarray(r) + m[0]) for r, m in zip(r0, _steps(r0, nearby[None]))]
     # forward at the nearby point as backward's side ran it at x0 (in jax.vjp, whose staged forward is compiled)
-    called = jax.vjp(lambda values: _flat(call(_joined(x0, parts, values))), near)[0]
+    case = "at a point near the arguments (each element moved by about 1%), where gradcheck checks its kept program"
+    with _raising(who, "forward (run by jax.vjp)", case, _CALL_RAN, fix):
+        called = jax.vjp(lambda values: _flat(call(_joined(x0, parts, values))), near)[0]
     expected = np.stack([np.asarray(value), np.asarray(called)])
     if not _same(values[2 * n :], expected):  # forward now computes something else: traced again
         values = evaluate(_finite_differences_program(call, flags, fresh=True))
@@ -682,18 +778,22 @@ def _numerical_one_by_one(f, x0, parts, r0, j, eps) -> np.ndarray:
     return np.stack([np.asarray(column(d)) for d in steps])
 
 
-def _analytical_jacobian(f, x0, parts, r0, own, output, chunk) -> tuple[list[np.ndarray], Any]:
+def _analytical_jacobian(f, x0, parts, r0, own, output, chunk, named) -> tuple[list[np.ndarray], Any]:
     """Backward's Jacobian of ``f`` (of output ``output`` alone, the others given no cotangent;
     every output where None) with respect to the real parts ``own`` only (the others held
     constant, so JAX does not differentiate them): forward once, at ``x0`` and unbatched (no
     vmap rule runs), then one VJP per output element as one batch (one at a time where batching
-    backward fails); one (elements, outputs) block per part of ``own``; and forward's flat value."""
+    backward fails); one (elements, outputs) block per part of ``own``; and forward's flat value.
+    An exception forward or backward raises is a failure naming the case (``named``: what the
+    message opens with, and the case: the inputs differentiated, the outputs given a cotangent)."""
+    who, case = named
 
     def outputs(values: list[Any]) -> Any:
         outs = f(_joined(x0, parts, [values[own.index(j)] if j in own else r for j, r in enumerate(r0)]))
         return _flat(outs if output is None else [outs[output]]), _flat(outs)
 
-    flat, pullback, value = jax.vjp(outputs, [r0[j] for j in own], has_aux=True)
+    with _raising(who, "forward (run by jax.vjp)", case, _CALL_RAN, _FORWARD_FIX):
+        flat, pullback, value = jax.vjp(outputs, [r0[j] for j in own], has_aux=True)
     size = int(flat.shape[0])
 
     def batch(rows: np.ndarray) -> tuple:  # the unit cotangents of output elements `rows`
@@ -705,7 +805,8 @@ def _analytical_jacobian(f, x0, parts, r0, own, output, chunk) -> tuple[list[np.
         gradients = _in_chunks(jax.vmap(lambda cotangent: pullback(cotangent)[0]), batch, size, chunk)
     except Exception:  # noqa: BLE001  (batching failed: one at a time, which raises a real error itself)
         unit = lambda row: (jnp.arange(size) == row).astype(jnp.float64)  # noqa: E731
-        gradients = jax.lax.map(lambda row: pullback(unit(row))[0], jnp.arange(size))
+        with _raising(who, "backward", case, _GRADIENT_EXPECTED, _backward_fix(output)):
+            gradients = jax.lax.map(lambda row: pullback(unit(row))[0], jnp.arange(size))
     return [np.asarray(g).reshape(size, -1).T for g in gradients], value
 
 
@@ -763,6 +864,28 @@ def _check(scalar, reference, x0, labels, eps, atol, rtol, rng, what, who) -> No
             _locate(reference, x0, k, analytical[k], label, eps, atol, rtol, what, who)
 
 
+def _check_second(call, x0, patterns, labels, out_shapes, eps, atol, rtol, rng, who) -> None:
+    """``order=2``: the derivative of backward (reverse over reverse), along random directions,
+    against finite differences of backward, for each set of inputs ``patterns`` (backward's: the
+    others held constant, so their ``ctx.needs_input_grad`` is False in both differentiations)
+    and, with several outputs, for each output alone given a cotangent (the others none)."""
+    everything = list(range(len(x0)))
+    alone = [(everything, _output_alone(j), j) for j in range(len(out_shapes))] if len(out_shapes) > 1 else []
+    for which, suffix, output in [*patterns, *alone]:
+        sub = [x0[k] for k in which]
+        cotangent = _random_like(rng, out_shapes if output is None else out_shapes[output])
+        scalar = lambda diff, c=cotangent, w=which, o=output: _vdot(c, _of_output(_restricted(call, x0, w, diff), o))  # noqa: E731
+        u = _random_like(rng, sub)
+        second = lambda diff, s=scalar, u=u: _vdot(u, jax.grad(s)(diff))  # noqa: E731
+        case = _case(which, labels, output, len(out_shapes))
+        fix = _backward_fix(output) + " (order=2 differentiates it with JAX)"
+        with _raising(
+            who, "backward or its derivative (order=2)", case, "finite differences of backward give a derivative", fix
+        ):
+            sub_labels = [labels[k] + suffix for k in which]
+            _check(second, second, sub, sub_labels, eps, atol, rtol, rng, " of the backward (order=2)", who)
+
+
 def _check_forward(call, plain, x0, patterns, labels, out_shapes, eps, atol, rtol, rng, who, forward_ad) -> bool:
     """Forward mode, element by element: for each set of inputs ``patterns`` (backward's: each leaf
     alone first, every input at once last), ``jax.jvp`` of the function of those inputs alone (the
@@ -788,17 +911,18 @@ def _check_forward(call, plain, x0, patterns, labels, out_shapes, eps, atol, rto
         except Exception as err:  # noqa: BLE001 - a refusal (no rule) is said as such; any other is a failure
             if forward_ad is None and (refused_forward_mode(err) or FORWARD_MODE_HELP in str(err)):
                 return False
-            first = (str(err).splitlines() or [""])[0]
             raise error(
                 GradcheckError,
                 who,
-                f"forward mode (jax.jvp) {along} raised {type(err).__name__} ({first}), where finite differences of "
-                "forward give a derivative; check the function's jvp rule",
+                f"forward mode (jax.jvp) {along} raised {_said(err)}, where finite differences of forward give a "
+                "derivative; check the function's jvp rule",
             ) from err
         shifted = lambda step, w=which, x=sub, d=directions: replaced(  # noqa: E731
             x0, w, [v + step * t for v, t in zip(x, d)]
         )
-        above, below = plain(shifted(eps)), plain(shifted(-eps))
+        what = "forward (run without the function's rules, for the finite differences)"
+        with _raising(who, what, f"along forward mode's random directions {along}", _CALL_RAN, _FORWARD_FIX):
+            above, below = plain(shifted(eps)), plain(shifted(-eps))
         numerical = [np.asarray((a - b) / (2 * eps)) for a, b in zip(above, below)]
         analytical = [np.asarray(t) for t in tangents]
         excess = [_excess(a, n, atol, rtol) for a, n in zip(analytical, numerical)]
@@ -863,19 +987,23 @@ def _along_basis(along, leaf) -> Any:
     return values
 
 
-def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> str | None:
+def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> tuple[str | None, str]:
     """The function under ``jax.vmap`` (its vmap rule) against a Python loop of forward (no custom
     rule), the value of every array output (integer and non-differentiable ones too), and the
     gradient under ``jax.vmap`` against backward one example at a time, for each way a vmap rule is
     called: every array argument batched on axis 0 (also in a batch of one); each argument alone
-    (all its leaves batched, the others unbatched: in_dims None); each leaf of a pytree argument
-    alone; every one batched on its last axis. The examples are O(1) apart (x0, then x0 plus offsets
+    (all its leaves batched, the others unbatched: in_dims None); every other non-empty set of the
+    arguments batched, the others unbatched (up to ``_EVERY_SET`` arguments; above, each all but
+    one, and the others are listed); each leaf of a pytree argument alone; every one batched on
+    its last axis; and mixed axes: each argument on its last axis, the others on axis 0. The
+    examples are O(1) apart (x0, then x0 plus offsets
     of the scale of max(1, |x0|)); an integer or boolean array's examples are its own values
     rearranged (rolled, then permuted), so a rule that mixes examples or uses one example's indices
     for all fails. ``given``: the checked leaves as the call gave them: a Python number is passed as
     it is, unbatched, as ``jax.vmap`` passes it in a call. ``names``: the labels and argument names of
-    the checked leaves, then of the other arrays. An exception raised under ``jax.vmap`` is a failure.
-    Returns what the report says ran (None: no array to batch)."""
+    the checked leaves, then of the other arrays. An exception raised under ``jax.vmap`` is a failure,
+    and so is one that forward or backward raises one example at a time. Returns what the report
+    says ran (None: no array to batch) and what it lists as not run ("": nothing)."""
     labels, heads = names
     m = len(x0)
     static = [not _is_array(leaf) for leaf in given]
@@ -883,7 +1011,7 @@ def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> 
     a = len(arrays)
     values = [*(x0[k] for k in arrays), *(call.leaves[i] for i in call.others)]
     if not values:
-        return None
+        return None, ""
     value_labels = [labels[k] for k in arrays] + list(labels[m:])
     value_heads = [heads[k] for k in arrays] + list(heads[m:])
     # at least three examples, as many as no argument's dimension, so a rule that broadcasts an
@@ -941,12 +1069,39 @@ def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> 
             if value_heads[i] in several
         ]
         described.append("each leaf of a pytree argument alone")
+    left_out = ""
+    if len(groups) > 2:  # the other sets of arguments batched together (the others unbatched)
+        sets, left_out = _batched_sets(len(groups))
+        patterns += [
+            (
+                [0 if h in chosen else None for h in value_heads],
+                count,
+                f"only {_listed([repr(h) for h in chosen])} batched (in_dims None for the others)",
+            )
+            for chosen in ([groups[g] for g in which] for which in sets)
+        ]
+        described.append(
+            f"every set of {'2' if len(groups) == 3 else f'2 to {len(groups) - 1}'} of the {len(groups)} arguments "
+            "(the others unbatched)"
+            if not left_out
+            else f"each all but one of the {len(groups)} arguments (the others unbatched)"
+        )
     last = [int(np.ndim(v)) for v in values]
     if any(last):
         patterns.append((list(last), count, "every argument batched on its last axis"))
         described.append("on the last axis")
+    mixed = [head for head in groups if any(last[i] for i in range(n) if value_heads[i] == head)]
+    if len(groups) > 1 and mixed:  # batch axes that differ between arguments
+        for head in mixed:
+            axes: list[int | None] = [last[i] if value_heads[i] == head else 0 for i in range(n)]
+            patterns.append((axes, count, f"'{head}' batched on its last axis, the others on axis 0"))
+        described.append("mixed axes (each argument on its last axis, the others on axis 0)")
     expected: dict[tuple, Any] = {}
+    ran: set[tuple] = set()
     for axes, size, where in patterns:
+        if (tuple(axes), size) in ran:  # the same in_dims as a batching checked already
+            continue
+        ran.add((tuple(axes), size))
         mask = tuple(axis is not None for axis in axes)
         stacked = [
             v if axis is None else jnp.stack([p[i] for p in points[:size]], axis=axis)
@@ -968,10 +1123,13 @@ def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> 
                     "check the rest)",
                 ) from err
             if (what, mask, size) not in expected:
-                expected[what, mask, size] = [
-                    reference([p[i] if batched_i else values[i] for i, batched_i in enumerate(mask)])
-                    for p in points[:size]
-                ]
+                ran_by = "forward (run without the function's rules)" if what == "the output" else "backward"
+                case = f"one example at a time, for the check of jax.vmap with {where}"
+                with _raising(who, ran_by, case, "jax.vmap computed it", f"check the function's {ran_by.split()[0]}"):
+                    expected[what, mask, size] = [
+                        reference([p[i] if batched_i else values[i] for i, batched_i in enumerate(mask)])
+                        for p in points[:size]
+                    ]
             one_by_one = expected[what, mask, size]
             if what == "the gradient":
                 items = [(f"'{value_labels[k]}'", k) for k in range(a)]
@@ -985,6 +1143,20 @@ def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> 
         "constant in the gradient)"
         if unbatched
         else ""
+    ), left_out
+
+
+def _batched_sets(n: int) -> tuple[list[list[int]], str]:
+    """The sets of 2 to ``n - 1`` of ``n`` arguments the batching check batches together (all and
+    each alone are checked apart): every one up to ``_EVERY_SET`` arguments; above, each all but
+    one; and what the report lists as not run ("": nothing)."""
+    if n <= _EVERY_SET:
+        return [list(which) for size in range(2, n) for which in itertools.combinations(range(n), size)], ""
+    total = (1 << n) - 1
+    return [[h for h in range(n) if h != g] for g in range(n)], (
+        f"the other {total - 1 - 2 * n} of the {total} sets of the {n} arguments batched (the others unbatched, "
+        f"in_dims None): all, each alone and each all but one were checked (every set is checked up to "
+        f"{_EVERY_SET} arguments)"
     )
 
 

@@ -212,6 +212,21 @@ def reports_callback_error(err: BaseException, raised: BaseException) -> bool:
     return isinstance(err, jax.errors.JaxRuntimeError) and str(raised) in str(err)
 
 
+def callback_exception(err: BaseException) -> tuple[str, str] | None:
+    """The type name and message of the exception a host callback raised, read from the text of
+    JAX's report of it (``jax.errors.JaxRuntimeError``: "CpuCallback error calling callback:
+    Traceback (most recent call last): ... module.Name: message", jax 0.10-0.12); None for any
+    other error, or a text not of that form."""
+    text = str(err)
+    if not isinstance(err, jax.errors.JaxRuntimeError) or "Traceback (most recent call last)" not in text:
+        return None
+    raised = [line for line in text.splitlines() if line and not line[0].isspace()][-1]
+    kind, colon, message = raised.partition(": ")
+    if not colon or not all(part.isidentifier() for part in kind.split(".")):  # a module's exception: module.Name
+        return None
+    return kind.rsplit(".", 1)[-1], message
+
+
 def is_forward_mode_tracer(value: Any) -> bool:
     """Whether ``value`` is a tracer of forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``)
     at the call itself. With ``jax_use_direct_linearize`` on (the default from jax 0.7; the flag

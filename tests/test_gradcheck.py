@@ -1,5 +1,7 @@
 """jaxfn.gradcheck: right backwards pass, wrong ones are caught and located."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,7 +102,9 @@ def test_wrong_second_derivative_with_order_2():
 def test_raise_exception_false_returns_a_false_report_with_the_failure():
     report = jaxfn.gradcheck(_wrong("input", lambda g: 2 * g), X, W, B, raise_exception=False)
     assert not report and report.failure is not None
-    assert "fails (1 check passed, then one failed)" in str(report)
+    # backward failed: it is the report's failure, not a check that passed
+    assert "fails (0 checks passed, then one failed)" in str(report)
+    assert "ran: backward" not in str(report)
     assert "failed: jaxfn.gradcheck: 'linear': the gradient for" in str(report)
 
 
@@ -576,7 +580,8 @@ def test_every_rule_of_a_right_function_passes_and_each_new_check_is_listed():
         "(the others not: no tangent, needs_input_grad False): every non-empty set of the 2 arguments",
         "the vmap rule against a loop of forward (the value of every array output, integer and non-differentiable "
         "ones included), and backward under jax.vmap: every argument batched on axis 0 (in a batch of 1 too), "
-        "each argument alone (the others unbatched) and on the last axis",
+        "each argument alone (the others unbatched), on the last axis and mixed axes (each argument on its last "
+        "axis, the others on axis 0)",
     ]
 
 
@@ -1009,7 +1014,8 @@ def test_a_pytree_argument_is_batched_as_a_whole_with_the_others_unbatched():
     report = jaxfn.gradcheck(rule(False), x, p)
     assert report.ran[-1].endswith(
         "every argument batched on axis 0 (in a batch of 1 too), each argument alone (the others unbatched), each "
-        "leaf of a pytree argument alone and on the last axis"
+        "leaf of a pytree argument alone, on the last axis and mixed axes (each argument on its last axis, the "
+        "others on axis 0)"
     )
 
 
@@ -1111,3 +1117,271 @@ def test_a_right_function_with_every_kind_of_argument_and_output_passes():
         1.5,
     )
     assert report, report
+
+
+def _sin_times(wrong_second_order):
+    """sin(x) * y whose backward, where ``y`` is not differentiated, holds x constant
+    (``stop_gradient``): right values, but a wrong derivative of backward (order 2) in that case."""
+
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return jnp.sin(x) * y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        if ctx.needs_input_grad[1]:
+            return g * jnp.cos(x) * y, g * jnp.sin(x)
+        return g * jnp.cos(jax.lax.stop_gradient(x) if wrong_second_order else x) * y, None
+
+    return jaxfn.autograd_function(forward, backward, name="sin_times")
+
+
+def test_order_2_checks_every_set_of_differentiated_arguments():
+    """The derivative of backward is checked with each set of arguments differentiated, as
+    backward is: one wrong only where y is not differentiated fails (it passed, checked with every
+    argument differentiated only), and the report lists the sets."""
+    x, y = jnp.array([0.3, 1.1]), jnp.array([2.0, -1.5])
+    wrong = jaxfn.gradcheck(_sin_times(True), x, y, order=2, raise_exception=False)
+    assert not wrong
+    assert wrong.failure.startswith(
+        "jaxfn.gradcheck: 'sin_times': the gradient of the backward (order=2) for 'x' (differentiated alone, the "
+        "other inputs held constant) disagrees with finite differences"
+    ), wrong.failure
+    plain = jax.grad(lambda x: jax.grad(lambda x: _sin_times(True)(x, y).sum())(x).sum())(x)
+    np.testing.assert_allclose(plain, [0.0, 0.0])  # what the planted rule gives, where -sin(x) y is right
+    right = jaxfn.gradcheck(_sin_times(False), x, y, order=2)
+    assert right.ran[-1] == (
+        "order 2: the derivative of backward against finite differences of backward, with 3 sets of inputs "
+        "differentiated (the others held constant): every non-empty set of the 2 arguments"
+    )
+
+
+def test_order_2_checks_each_output_alone_given_a_cotangent():
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return jnp.sin(x), x**2
+
+    def backward(ctx, g0, g1, wrong=True):
+        (x,) = ctx.saved_tensors
+        if g1 is None:  # right values; held constant (wrong second derivative) only here
+            return g0 * jnp.cos(jax.lax.stop_gradient(x) if wrong else x)
+        return (0 if g0 is None else g0 * jnp.cos(x)) + g1 * 2 * x
+
+    x = jnp.array([0.3, 1.1, -0.7])
+    with pytest.raises(
+        jaxfn.GradcheckError,
+        match=r"gradient of the backward \(order=2\) for 'x' \(output 0 alone given a cotangent, the others none\)",
+    ):
+        jaxfn.gradcheck(jaxfn.autograd_function(forward, backward, name="two"), x, order=2)
+    right = jaxfn.autograd_function(forward, lambda ctx, g0, g1: backward(ctx, g0, g1, wrong=False), name="two")
+    report = jaxfn.gradcheck(right, x, order=2)
+    assert report.ran[-1] == (
+        "order 2: the derivative of backward against finite differences of backward, and with each of the 2 "
+        "outputs alone given a cotangent"
+    )
+
+
+def _product(n, wrong_in_dims=None):
+    """The product of ``n`` arrays, with a vmap rule; ``wrong_in_dims``: the rule adds 1 where it
+    gets exactly these in_dims (batched or not, per argument)."""
+
+    def forward(ctx, *a):
+        ctx.save_for_backward(*a)
+        return functools.reduce(jnp.multiply, a)
+
+    def backward(ctx, g):
+        a = ctx.saved_tensors
+        return tuple(g * functools.reduce(jnp.multiply, [v for j, v in enumerate(a) if j != i], 1.0) for i in range(n))
+
+    def vmap(info, in_dims, *a):
+        out = functools.reduce(jnp.multiply, [_moved(v, d, info.batch_size) for v, d in zip(a, in_dims)])
+        return out + (1.0 if tuple(d is not None for d in in_dims) == wrong_in_dims else 0.0), 0
+
+    return _with_vmap(forward, backward, vmap, f"product{n}")
+
+
+def test_a_vmap_rule_wrong_for_a_set_of_batched_arguments_is_caught():
+    """With 3 arguments, (None, 0, 0) is neither all nor one argument batched: every set is."""
+    args = [jnp.array([0.3, 1.1]), jnp.array([2.0, -1.5]), jnp.array([0.5, 0.25])]
+    with pytest.raises(
+        jaxfn.GradcheckError,
+        match=r"output 0 under jax.vmap disagrees .*, with only 'args\[1\]' and 'args\[2\]' batched \(in_dims None",
+    ):
+        jaxfn.gradcheck(_product(3, (False, True, True)), *args)
+    report = jaxfn.gradcheck(_product(3), *args)
+    assert report.ran[-1].endswith(
+        "each argument alone (the others unbatched), every set of 2 of the 3 arguments (the others unbatched), on "
+        "the last axis and mixed axes (each argument on its last axis, the others on axis 0)"
+    )
+
+
+def test_with_many_arguments_the_batchings_and_second_derivatives_not_checked_are_listed():
+    report = jaxfn.gradcheck(_product(6), *(jnp.array([1.0, 0.5]) + 0.1 * i for i in range(6)), order=2)
+    assert report, report
+    assert "each all but one of the 6 arguments (the others unbatched)" in report.ran[1]
+    assert report.not_run[-2:] == [
+        "the vmap rule with the other 50 of the 63 sets of the 6 arguments batched (the others unbatched, in_dims "
+        "None): all, each alone and each all but one were checked (every set is checked up to 5 arguments)",
+        "order 2: the derivative of backward with the other 50 of the 63 sets of the 6 arguments differentiated "
+        "(needs_input_grad patterns): all, each alone and each all but one were checked (every set is checked up to "
+        "5 arguments)",
+    ]
+
+
+def _mul(wrong):
+    """x * y with a vmap rule that, ``wrong``, moves y by x's in_dim (a copy-paste slip): right
+    whenever every batched argument has the same axis."""
+
+    class Mul(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, y)
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, y = ctx.saved_tensors
+            return g * y, g * x
+
+        @staticmethod
+        def vmap(info, in_dims, x, y):
+            dx, dy = in_dims
+            first = lambda a, d: a if d is None else jnp.moveaxis(a, d, 0)  # noqa: E731 (unbatched: broadcast)
+            return Mul.apply(first(x, dx), first(y, dx if wrong else dy)), 0
+
+    return Mul
+
+
+def test_a_vmap_rule_wrong_for_mixed_batch_axes_is_caught():
+    """Each argument batched on its last axis, the others on axis 0 (it passed: every batched
+    argument always had the same axis)."""
+    x, y = jnp.array([[0.3, 1.1], [0.2, -0.4]]), jnp.array([[2.0, -1.5], [0.5, 1.0]])
+    with pytest.raises(
+        jaxfn.GradcheckError,
+        match=r"under jax.vmap raised TypeError .* with 'x' batched on its last axis, the others on",
+    ):
+        jaxfn.gradcheck(_mul(True), x, y)  # y moved by x's axis: the shapes don't match
+    report = jaxfn.gradcheck(_mul(False), x, y)
+    assert report and report.ran[-1].endswith("and mixed axes (each argument on its last axis, the others on axis 0)")
+
+
+def _two_outputs(guarded, host=False):
+    """sin(x), cos(x) with materialize_grads off; a backward not ``guarded`` multiplies a None
+    grad_output (an output given no cotangent)."""
+    lib = np if host else jnp
+
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return lib.sin(x), lib.cos(x)
+
+    def backward(ctx, ga, gb):
+        (x,) = ctx.saved_tensors
+        if guarded:
+            return (0 if ga is None else ga * lib.cos(x)) - (0 if gb is None else gb * lib.sin(x))
+        return ga * lib.cos(x) - gb * lib.sin(x)
+
+    return jaxfn.autograd_function(forward, backward, host=host, name="two_out")
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_an_exception_backward_raises_in_a_case_is_a_failure_naming_the_case(host):
+    x = jnp.array([0.3, 1.1])
+    report = jaxfn.gradcheck(_two_outputs(False, host), x, raise_exception=False)
+    assert not report
+    assert report.failure.startswith(
+        "jaxfn.gradcheck: 'two_out': backward raised TypeError (unsupported operand type(s) for *: 'NoneType' and "
+    ), report.failure
+    assert (
+        "with 'x' differentiated and output 0 alone given a cotangent (the others none), where finite differences "
+        "of forward give a gradient; check the function's backward: an output given no cotangent gets grad_output "
+        "None under ctx.set_materialize_grads(False)"
+    ) in report.failure
+    assert "fails (0 checks passed, then one failed)" in str(report)
+    with pytest.raises(jaxfn.GradcheckError, match=r"'two_out': backward raised TypeError") as info:
+        jaxfn.gradcheck(_two_outputs(False, host), x)
+    assert isinstance(info.value.__cause__, Exception)  # chained from what backward raised
+    if not host:
+        assert isinstance(info.value.__cause__, TypeError)
+    assert jaxfn.gradcheck(_two_outputs(True, host), x)
+
+
+def test_an_exception_in_a_case_checked_along_random_directions_is_a_failure():
+    x = jnp.linspace(-1.0, 1.0, 3000)  # 3000 inputs x 6000 outputs: past the whole Jacobian's size
+    with pytest.raises(
+        jaxfn.GradcheckError,
+        match=r"'two_out': forward or backward raised TypeError .* with 'x' differentiated and output 0 alone",
+    ):
+        jaxfn.gradcheck(_two_outputs(False), x)
+    assert jaxfn.gradcheck(_two_outputs(True), x)
+
+
+def _refusing(wrong):
+    """sin(x) * y whose forward, ``wrong``, raises where x is differentiated and y is not."""
+
+    def forward(ctx, x, y):
+        if wrong and ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]:
+            raise KeyError("forward wants y differentiated")
+        ctx.save_for_backward(x, y)
+        return jnp.sin(x) * y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * jnp.cos(x) * y, g * jnp.sin(x)
+
+    return jaxfn.autograd_function(forward, backward, name="f")
+
+
+def test_an_exception_forward_raises_in_a_case_is_a_failure_naming_the_case():
+    x, y = jnp.array([0.3, 1.1]), jnp.array([2.0, -1.5])
+    report = jaxfn.gradcheck(_refusing(True), x, y, raise_exception=False)
+    assert not report
+    assert report.failure == (
+        "jaxfn.gradcheck: 'f': forward (run by jax.vjp) raised KeyError ('forward wants y differentiated') with 'x' "
+        "differentiated (the other inputs held constant: needs_input_grad False) and its output given a cotangent, "
+        "where the call with the arguments given ran; check the function's forward."
+    )
+    assert jaxfn.gradcheck(_refusing(False), x, y)
+
+
+def test_a_backward_that_refuses_a_second_derivative_fails_order_2_as_a_rule_that_raises():
+    """A jaxfn refusal while gradcheck runs a case is a failure of that case, as a jvp or vmap
+    rule's is: with raise_exception=False a false report, else a GradcheckError chained from it."""
+
+    class Once(jaxfn.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return jnp.sin(x)
+
+        @staticmethod
+        @jaxfn.once_differentiable
+        def backward(ctx, g):
+            return g * jnp.cos(ctx.saved_tensors[0])
+
+    x = jnp.array([0.3, 1.1])
+    assert jaxfn.gradcheck(Once, x)
+    report = jaxfn.gradcheck(Once, x, order=2, raise_exception=False)
+    assert not report and report.failure.startswith(
+        "jaxfn.gradcheck: 'Once': backward or its derivative (order=2) raised AutogradFunctionTypeError (jaxfn: "
+        "'Once': its backward is marked jaxfn.once_differentiable"
+    ), report.failure
+    with pytest.raises(jaxfn.GradcheckError) as info:
+        jaxfn.gradcheck(Once, x, order=2)
+    assert isinstance(info.value.__cause__, jaxfn.AutogradFunctionError)
+
+
+def test_a_host_exception_is_named_as_itself_where_jax_kept_only_its_traceback():
+    """JAX reports an exception of host code (a callback) as its own runtime error, carrying the
+    traceback's text; where it kept no reference to the exception, the failure still names it."""
+    from jaxfn._gradcheck import _said
+
+    def refuse(x):
+        raise ZeroDivisionError("backward refuses x[1] > 5")
+
+    shape = jax.ShapeDtypeStruct((2,), jnp.float32)
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+        jax.jit(lambda x: jax.pure_callback(refuse, shape, x))(jnp.ones(2, jnp.float32)).block_until_ready()
+    info.value.__context__ = None  # as JAX gives it on a later call of the same signature
+    assert _said(info.value) == "ZeroDivisionError (backward refuses x[1] > 5)"
