@@ -323,6 +323,13 @@ def _gradcheck(fn, args, kwargs, eps, atol, rtol, order, forward_ad, batched_gra
             f"backward with each of the {len(out_shapes)} outputs alone given a cotangent (the others none: None "
             "under ctx.set_materialize_grads(False)) against finite differences of forward"
         )
+    if len(out_shapes) > 2:  # every output, and each alone, were given cotangents; the other sets were not
+        n = len(out_shapes)
+        sizes = "2" if n == 3 else f"2 to {n - 1}"
+        report.not_run.append(
+            f"backward with the other {2**n - 2 - n} sets of the {n} outputs given cotangents ({sizes} of them, the "
+            "others none): every output and each alone were checked"
+        )
     if forward_mode is not None:
         if _check_forward(call, plain, x0, patterns, checked_labels, out_shapes, eps, atol, rtol, rng, who, forward_ad):
             report.ran.append(

@@ -759,6 +759,25 @@ def test_a_backward_wrong_when_an_output_gets_no_cotangent_is_caught():
     ]
 
 
+def test_with_three_outputs_the_sets_of_outputs_not_given_cotangents_are_listed_as_not_run():
+    """Every output and each alone are given cotangents; a backward wrong only where two of three
+    get one passes, so the report says those sets were not run (never a yes about them)."""
+
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2.0, x * 3.0, x * 4.0
+
+    def backward(ctx, g0, g1, g2):
+        return g0 * 2.0 + g1 * 3.0 + g2 * 4.0
+
+    report = jaxfn.gradcheck(jaxfn.autograd_function(forward, backward, name="three"), jnp.array([1.0, 2.0]))
+    assert report, str(report)
+    assert (
+        "backward with the other 3 sets of the 3 outputs given cotangents (2 of them, the others none): every "
+        "output and each alone were checked"
+    ) in report.not_run, str(report)
+
+
 def test_the_reports_printed_on_the_gradcheck_page_are_what_gradcheck_prints():
     """docs/gradcheck.md shows reports after "prints": each is what its Python block prints (the
     docs test runs the blocks but does not compare their output)."""
