@@ -396,7 +396,8 @@ class _Run:
             for i, a, b in zip(subset, ours, theirs):
                 before = len(report.rows)
                 where = f"parameter '{self.labels[i]}'"
-                self.values(report, check, where, np.asarray(a), np.zeros(np.shape(a)) if b is None else b, narrow)
+                zero = np.zeros(np.shape(a), np.asarray(a).dtype)  # the original gave None: a zero of the port's dtype
+                self.values(report, check, where, np.asarray(a), zero if b is None else b, narrow)
                 if len(report.rows) > before and b is None and self.nested[i] and where not in nested:
                     nested.append(where)
         report.notes += [_NESTED_GRADIENT.format(where=where) for where in nested]

@@ -1025,3 +1025,23 @@ def test_a_backward_wrong_when_one_of_three_outputs_has_no_cotangent_disagrees()
     report = jaxfn.compare(_three_port(), Three, X, W, z)
     assert report and "gradient needs_input_grad=(True, True, True) from output 2" in report.checks, str(report)
     assert "not compared for 3 of the 7 needs_input_grad subsets" not in str(report)
+
+
+class XOnly(torch.autograd.Function):  # x * y whose backward gives no gradient for y (None)
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * y.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0, None
+
+
+def test_a_none_gradient_of_the_original_is_a_zero_of_the_port_s_dtype_with_x64_off():
+    """Where the original gives no gradient (None), the port's is compared with zeros of its own
+    dtype: no note of a float32 port against float64 where the original gave nothing."""
+    port = jaxfn.autograd_function(lambda ctx, x, y: x * y, lambda ctx, g: (g * 2.0, None), name="xonly")
+    with jax.enable_x64(False):
+        report = jaxfn.compare(port, XOnly, np.linspace(1, 2, 4, dtype=np.float32), np.full(4, 2.0, np.float32))
+    assert report, str(report)
+    assert not any("where the original has float64" in n for n in report.notes), str(report)
