@@ -196,11 +196,11 @@ def _spread(args: Arguments, position: int, grad: Any, per_leaf: list[Any], prob
                 f"None for it, or pass a floating-point jnp array to make it differentiable."
             )
             continue
-        data = treedef.node_data()  # (type, aux data), or None for a None node
-        if isinstance(g, dict) and data is not None and data[0] is dict and set(g) <= set(data[1]):
+        data = treedef.node_data()  # (type, aux data): a node here, never a leaf (a None's type is NoneType)
+        if isinstance(g, dict) and data[0] is dict and set(g) <= set(data[1]):
             g = {key: g.get(key) for key in data[1]}  # the keys its dict input has and it lacks: None (no gradient)
         children, node = jax.tree_util.tree_flatten(g, is_leaf=lambda x, g=g: x is not g)  # one level of g
-        if node.num_nodes == 1 and node.num_leaves == 1 and treedef == _NONE:  # a value where None was given
+        if node.num_nodes == 1 and node.num_leaves == 1 and data[0] is type(None):  # a value where None was given
             problems.add(
                 f"backward returned {describe(g)} for '{name}', but that part of '{name}' is None, not an array, "
                 "so it can't have a gradient; return None for it, or pass a floating-point jnp array to make it "
@@ -208,7 +208,7 @@ def _spread(args: Arguments, position: int, grad: Any, per_leaf: list[Any], prob
             )
             continue
         if node.num_nodes == 1 and node.num_leaves == 1:  # an array (or value) for a whole subtree
-            n, kind = treedef.num_leaves, type_name(None) if data is None else a(data[0].__name__)
+            n, kind = treedef.num_leaves, a(data[0].__name__)
             problems.add(
                 f"backward returned {describe(g)} for '{name}', but that part of '{name}' is "
                 f"{kind}, a pytree with {n} lea{'f' if n == 1 else 'ves'}; return a gradient of "
@@ -237,7 +237,6 @@ def describe(value: Any) -> str:
     return type_name(value)
 
 
-_NONE = jax.tree_util.tree_structure(None)
 _GRADIENTS = (jax.Array, np.ndarray, np.generic, int, float, complex)  # the types a gradient may have (bool aside)
 
 
