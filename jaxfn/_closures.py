@@ -110,7 +110,8 @@ def _closed_over(
             return unchanged  # two different values under one name: refused
     if not closed:
         return unchanged
-    clash = [n for n in closed if n in arguments.names and _tracers.holds_tracer(closed[n], _outside(arguments))]
+    outside = _outside(arguments)
+    clash = [name for name in closed if name in arguments.names and _tracers.holds_tracer(closed[name], outside)]
     if clash:  # the value can't be named as a parameter: said, not the generic refusal
         raise error(
             AutogradFunctionTypeError,

@@ -480,17 +480,12 @@ def _patterns(heads: list[str]) -> tuple[list[tuple[list[int], str, None]], str,
     names = list(dict.fromkeys(heads))
     groups = [[k for k, head in enumerate(heads) if head == name] for name in names]
     n = len(groups)
-    if n <= _EVERY_SET:
-        sets = sorted(
-            (s for s in range(1, 1 << n)), key=lambda s: (s != (1 << n) - 1, bin(s).count("1") != 1, bin(s).count("1"))
-        )
-        chosen = [[g for g in range(n) if s >> g & 1] for s in sets]
+    chosen, skipped = _argument_sets(n)
+    if not skipped:
         described = f"every non-empty set of the {n} arguments" if n > 1 else ""
         left_out = ""
     else:
-        chosen = [list(range(n)), *([g] for g in range(n)), *([h for h in range(n) if h != g] for g in range(n))]
         described = f"all {n} arguments, each alone and each all but one"
-        skipped = (1 << n) - 1 - len(chosen)
         left_out = (
             f"backward with the other {skipped} of the {(1 << n) - 1} sets of the {n} arguments differentiated "
             f"(needs_input_grad patterns): all, each alone and each all but one were checked (every set is checked "
@@ -514,6 +509,18 @@ def _patterns(heads: list[str]) -> tuple[list[tuple[list[int], str, None]], str,
         described = f"{described}; " if described else ""
         described += "each leaf of a pytree argument alone"
     return patterns, described, left_out
+
+
+def _argument_sets(n: int) -> tuple[list[list[int]], int]:
+    """The sets of ``n`` arguments a check takes, all first, then each alone, then the others by
+    size: every non-empty set up to ``_EVERY_SET`` arguments, else all, each alone and each all
+    but one; and how many sets that leaves out."""
+    if n <= _EVERY_SET:
+        sets = sorted(range(1, 1 << n), key=lambda s: (s != (1 << n) - 1, bin(s).count("1") != 1, bin(s).count("1")))
+        chosen = [[g for g in range(n) if s >> g & 1] for s in sets]
+    else:
+        chosen = [list(range(n)), *([g] for g in range(n)), *([h for h in range(n) if h != g] for g in range(n))]
+    return chosen, (1 << n) - 1 - len(chosen)
 
 
 def _sets(patterns: list, described: str, how: str) -> str:
@@ -1155,13 +1162,14 @@ def _check_batched(call, x0, given, names, out_shapes, atol, rtol, rng, who) -> 
 
 def _batched_sets(n: int) -> tuple[list[list[int]], str]:
     """The sets of 2 to ``n - 1`` of ``n`` arguments the batching check batches together (all and
-    each alone are checked apart): every one up to ``_EVERY_SET`` arguments; above, each all but
-    one; and what the report lists as not run ("": nothing)."""
-    if n <= _EVERY_SET:
-        return [list(which) for size in range(2, n) for which in itertools.combinations(range(n), size)], ""
-    total = (1 << n) - 1
-    return [[h for h in range(n) if h != g] for g in range(n)], (
-        f"the other {total - 1 - 2 * n} of the {total} sets of the {n} arguments batched (the others unbatched, "
+    each alone are checked apart), of ``_argument_sets``; and what the report lists as not run
+    ("": nothing)."""
+    chosen, skipped = _argument_sets(n)
+    sets = [which for which in chosen if 1 < len(which) < n]
+    if not skipped:
+        return sets, ""
+    return sets, (
+        f"the other {skipped} of the {(1 << n) - 1} sets of the {n} arguments batched (the others unbatched, "
         f"in_dims None): all, each alone and each all but one were checked (every set is checked up to "
         f"{_EVERY_SET} arguments)"
     )
