@@ -193,7 +193,7 @@ def _numpy_dtypes(name: str, args: Arguments, arrays: Any) -> list[Any]:
     own dtypes (a PRNG key array, jax.random.key) has no NumPy form: refused, naming the argument."""
     dtypes = [jax.dtypes.canonicalize_dtype(a.dtype, allow_extended_dtype=True) for a in arrays]
     for position, dtype in zip(args.array_positions, dtypes):
-        if not isinstance(dtype, np.dtype):  # one of JAX's extended dtypes, which NumPy's are not
+        if jnp.issubdtype(dtype, jax.dtypes.extended):  # JAX's own (a key), as _arguments classifies it
             raise error(
                 AutogradFunctionTypeError,
                 name,
