@@ -192,8 +192,8 @@ def _numpy_dtypes(name: str, args: Arguments, arrays: Any) -> list[Any]:
     """The dtypes host code sees ``arrays`` in: those JAX holds them in. An array of one of JAX's
     own dtypes (a PRNG key array, jax.random.key) has no NumPy form: refused, naming the argument."""
     dtypes = [jax.dtypes.canonicalize_dtype(a.dtype, allow_extended_dtype=True) for a in arrays]
-    for position, dtype in zip(args.array_positions, dtypes):
-        if jnp.issubdtype(dtype, jax.dtypes.extended):  # JAX's own (a key), as _arguments classifies it
+    for position, array, dtype in zip(args.array_positions, arrays, dtypes):
+        if jnp.issubdtype(array.dtype, jax.dtypes.extended):  # JAX's own (a key), as _arguments classifies it
             raise error(
                 AutogradFunctionTypeError,
                 name,
